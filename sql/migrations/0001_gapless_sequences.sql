@@ -1,0 +1,163 @@
+-- ordo 0001: sequence definitions and gapless counters.
+-- {{schema}} is replaced by the quoted schema name before this file runs.
+-- Custom SQLSTATEs (mapped to OrdoError codes in src/errors.ts):
+--   OX001 sequence_not_found   OX002 sequence_exhausted   OX003 invalid_argument
+
+CREATE TABLE {{schema}}.sequences (
+  name        text PRIMARY KEY CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$'),
+  kind        text NOT NULL DEFAULT 'gapless' CHECK (kind IN ('gapless', 'batched')),
+  start       bigint NOT NULL DEFAULT 1,
+  increment   bigint NOT NULL DEFAULT 1 CHECK (increment > 0),
+  min_value   bigint NOT NULL DEFAULT 1,
+  max_value   bigint NOT NULL DEFAULT 9007199254740991,
+  cycle       boolean NOT NULL DEFAULT false,
+  batch       integer CHECK (batch > 0),
+  timeout_ms  bigint CHECK (timeout_ms >= 0),
+  reset       text NOT NULL DEFAULT 'never' CHECK (reset IN ('never', 'day', 'week', 'month', 'year')),
+  time_zone   text NOT NULL DEFAULT 'UTC',
+  format      text CHECK (format ~ '\{n(:[0-9]+)?\}'),
+  high_water  bigint,
+  epoch       integer NOT NULL DEFAULT 1,
+  created_at  timestamptz NOT NULL DEFAULT now(),
+  updated_at  timestamptz NOT NULL DEFAULT now(),
+  -- Values stay within ±(2^53 - 1) so that JavaScript numbers never round them.
+  CHECK (min_value >= -9007199254740991 AND max_value <= 9007199254740991),
+  CHECK (min_value <= start AND start <= max_value)
+);
+
+-- One row per (sequence, scope, period). `period` is the local start of the reset period
+-- ('-infinity' when the sequence never resets). `previous` is the value before the last
+-- statement that touched the row, so one statement can hand out several values in order.
+CREATE TABLE {{schema}}.counters (
+  sequence    text NOT NULL REFERENCES {{schema}}.sequences (name) ON DELETE CASCADE,
+  scope       text NOT NULL,
+  period      date NOT NULL,
+  value       bigint NOT NULL,
+  previous    bigint,
+  updated_at  timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (sequence, scope, period)
+);
+
+-- Raises invalid_argument unless tz is an IANA zone name PostgreSQL knows. Abbreviations
+-- ('EST') and POSIX offsets ('UTC+3', whose sign is inverted) are refused on purpose.
+CREATE FUNCTION {{schema}}.check_time_zone(tz text) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  IF tz IS NULL OR NOT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = tz) THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003',
+      MESSAGE = format('Unknown time zone %L: use an IANA name such as ''Europe/Paris'' or ''UTC''', tz);
+  END IF;
+  RETURN tz;
+END $$;
+
+-- The i-th value after `prev` (prev NULL: nothing issued yet in this period, so the first
+-- value is `start`). Closed form, so one statement can take any number of values.
+CREATE FUNCTION {{schema}}.value_after(s {{schema}}.sequences, prev bigint, i bigint) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  room bigint;
+BEGIN
+  IF prev IS NULL THEN
+    IF i = 1 THEN
+      RETURN s.start;
+    END IF;
+    prev := s.start;
+    i := i - 1;
+  END IF;
+  room := greatest(0, (s.max_value - prev) / s.increment);
+  IF i <= room THEN
+    RETURN prev + i * s.increment;
+  END IF;
+  IF NOT s.cycle THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX002',
+      MESSAGE = format('The sequence %L is exhausted: it cannot go past its maximum value %s', s.name, s.max_value),
+      HINT = 'Raise maxValue, or define the sequence with cycle: true to wrap around.';
+  END IF;
+  RETURN s.min_value + ((i - room - 1) % ((s.max_value - s.min_value) / s.increment + 1)) * s.increment;
+END $$;
+
+-- Renders a format such as 'INV-{YYYY}-{n:6}'. Date tokens show the local date of the call
+-- in the sequence's time zone; {IYYY} is the ISO week-numbering year that goes with {WW}.
+-- {scope} is replaced last so that a scope containing braces is never expanded.
+CREATE FUNCTION {{schema}}.render(fmt text, v bigint, scope text, local_at timestamp) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  r text;
+  m text[];
+  width int;
+  digits text;
+BEGIN
+  IF fmt IS NULL THEN
+    RETURN v::text;
+  END IF;
+  r := replace(fmt, '{YYYY}', to_char(local_at, 'YYYY'));
+  r := replace(r, '{YY}', to_char(local_at, 'YY'));
+  r := replace(r, '{MM}', to_char(local_at, 'MM'));
+  r := replace(r, '{DD}', to_char(local_at, 'DD'));
+  r := replace(r, '{WW}', to_char(local_at, 'IW'));
+  r := replace(r, '{IYYY}', to_char(local_at, 'IYYY'));
+  r := replace(r, '{n}', v::text);
+  FOR m IN SELECT regexp_matches(r, '\{n:([0-9]+)\}', 'g') LOOP
+    width := m[1]::int;
+    digits := abs(v)::text;
+    IF length(digits) < width THEN
+      digits := lpad(digits, width, '0');
+    END IF;
+    r := replace(r, '{n:' || m[1] || '}', CASE WHEN v < 0 THEN '-' ELSE '' END || digits);
+  END LOOP;
+  RETURN replace(r, '{scope}', scope);
+END $$;
+
+-- The one decision: take `how_many` consecutive values of a gapless sequence for a scope,
+-- in the period that contains `at`. A single INSERT … ON CONFLICT DO UPDATE creates the
+-- period's row or advances it; its row lock lasts until the caller's transaction ends, so
+-- a rollback returns the numbers and concurrent first calls of a new period cannot race.
+CREATE FUNCTION {{schema}}.take(seq_name text, seq_scope text, at timestamptz, how_many integer)
+RETURNS TABLE (value bigint, text text, period text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+  s {{schema}}.sequences;
+  local_at timestamp;
+  p date;
+  last_value bigint;
+  prev bigint;
+BEGIN
+  IF seq_scope IS NULL OR at IS NULL OR how_many IS NULL OR how_many < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003',
+      MESSAGE = 'scope and at must not be null, and the count must be at least 1';
+  END IF;
+  SELECT * INTO s FROM {{schema}}.sequences AS d WHERE d.name = seq_name;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX001', MESSAGE = format('The sequence %L does not exist', seq_name);
+  END IF;
+  IF s.kind <> 'gapless' THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003',
+      MESSAGE = format('The sequence %L is %s, not gapless', seq_name, s.kind);
+  END IF;
+  local_at := at AT TIME ZONE s.time_zone;
+  p := CASE WHEN s.reset = 'never' THEN '-infinity'::date ELSE date_trunc(s.reset, local_at)::date END;
+
+  INSERT INTO {{schema}}.counters AS c (sequence, scope, period, value, previous)
+  VALUES (seq_name, seq_scope, p, {{schema}}.value_after(s, NULL, how_many), NULL)
+  ON CONFLICT (sequence, scope, period) DO UPDATE
+    SET previous = c.value, value = {{schema}}.value_after(s, c.value, how_many), updated_at = now()
+  RETURNING c.value, c.previous INTO last_value, prev;
+
+  RETURN QUERY
+    SELECT v, {{schema}}.render(s.format, v, seq_scope, local_at),
+           CASE WHEN s.reset = 'never' THEN NULL ELSE to_char(p, 'YYYY-MM-DD') END
+    FROM (SELECT {{schema}}.value_after(s, prev, i) AS v FROM generate_series(1, how_many) AS i) AS issued;
+END $$;
+
+CREATE FUNCTION {{schema}}.nextval(seq_name text, seq_scope text DEFAULT '', at timestamptz DEFAULT now())
+RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+  SELECT t.value FROM {{schema}}.take(seq_name, seq_scope, at, 1) AS t
+$$;
+
+CREATE FUNCTION {{schema}}.nextval_text(seq_name text, seq_scope text DEFAULT '', at timestamptz DEFAULT now())
+RETURNS text
+LANGUAGE sql VOLATILE AS $$
+  SELECT t.text FROM {{schema}}.take(seq_name, seq_scope, at, 1) AS t
+$$;

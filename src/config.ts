@@ -1,0 +1,88 @@
+import { randomUUID } from 'node:crypto';
+import type pg from 'pg';
+import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from './validate.js';
+
+export interface EmbeddedOptions {
+  /** Where the embedded PostgreSQL keeps its data; created on first use. Default `./.ordo/pg`. */
+  dataDir?: string;
+}
+
+export interface OrdoOptions {
+  /** A PostgreSQL URL. Default: `ORDO_DATABASE_URL`, then `DATABASE_URL`. */
+  databaseUrl?: string;
+  /** A `pg` pool of your own; ordo never ends it. */
+  pool?: pg.Pool;
+  /** Schema holding ordo's tables and functions. Default `ORDO_SCHEMA`, then `ordo`. */
+  schema?: string;
+  /** This instance's node id (a UUID); random by default. */
+  nodeId?: string;
+  /** Start (or reuse) an embedded PostgreSQL instead of connecting to a URL. */
+  embedded?: boolean | EmbeddedOptions;
+  /** Apply pending migrations at start (default true). When false, an out-of-date schema is refused. */
+  migrate?: boolean;
+  /** Connections in the pool ordo creates (default 10). */
+  poolSize?: number;
+}
+
+export type DatabaseSource =
+  | { kind: 'url'; url: string }
+  | { kind: 'pool'; pool: pg.Pool }
+  | { kind: 'embedded'; dataDir: string };
+
+export interface Config {
+  source: DatabaseSource;
+  schema: string;
+  nodeId: string;
+  migrate: boolean;
+  poolSize: number;
+}
+
+const OPTION_KEYS = ['databaseUrl', 'pool', 'schema', 'nodeId', 'embedded', 'migrate', 'poolSize'] as const;
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** Validates createOrdo's options once, with messages that say what to change. */
+export function resolveConfig(options: OrdoOptions = {}, env: NodeJS.ProcessEnv = process.env): Config {
+  const o = plainObject('createOrdo options', options);
+  knownKeys('createOrdo', o, OPTION_KEYS);
+  const schema = identifier('schema', options.schema ?? env.ORDO_SCHEMA ?? 'ordo');
+  const nodeId = options.nodeId ?? randomUUID();
+  if (typeof nodeId !== 'string' || !UUID.test(nodeId)) {
+    throw invalid(`nodeId must be a UUID (got ${describe(nodeId)})`);
+  }
+  const migrate = boolean('migrate', options.migrate ?? true);
+  const poolSize = safeInteger('poolSize', options.poolSize ?? 10, 1, 1000);
+  return { source: resolveSource(options, env), schema, nodeId: nodeId.toLowerCase(), migrate, poolSize };
+}
+
+function resolveSource(options: OrdoOptions, env: NodeJS.ProcessEnv): DatabaseSource {
+  const given = [options.databaseUrl !== undefined, options.pool !== undefined, !!options.embedded];
+  if (given.filter(Boolean).length > 1) {
+    throw invalid('give only one of databaseUrl, pool and embedded');
+  }
+  if (options.pool !== undefined) {
+    if (typeof (options.pool as { connect?: unknown })?.connect !== 'function') {
+      throw invalid('pool must be a pg.Pool');
+    }
+    return { kind: 'pool', pool: options.pool };
+  }
+  if (options.embedded) {
+    const e = options.embedded === true ? {} : plainObject('embedded', options.embedded);
+    knownKeys('embedded', e, ['dataDir']);
+    const dataDir = (e as EmbeddedOptions).dataDir ?? '.ordo/pg';
+    if (typeof dataDir !== 'string' || dataDir === '') {
+      throw invalid(`embedded.dataDir must be a directory path (got ${describe(dataDir)})`);
+    }
+    return { kind: 'embedded', dataDir };
+  }
+  const url = options.databaseUrl ?? env.ORDO_DATABASE_URL ?? env.DATABASE_URL;
+  if (url === undefined) {
+    throw invalid(
+      'no database given: pass databaseUrl, pool or embedded: true, or set ORDO_DATABASE_URL or DATABASE_URL',
+    );
+  }
+  if (typeof url !== 'string' || !/^postgres(ql)?:\/\//.test(url)) {
+    // The value is not echoed: a URL may carry a password.
+    throw invalid('databaseUrl must be a postgres:// or postgresql:// URL');
+  }
+  return { kind: 'url', url };
+}

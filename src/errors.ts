@@ -1,0 +1,71 @@
+/**
+ * Every error ordo raises is an OrdoError with a stable `code`. The table below is the one
+ * place where codes are listed, with the HTTP status the server answers them with.
+ */
+export const ERROR_CODES = {
+  invalid_argument: 400,
+  unauthorized: 401,
+  forbidden: 403,
+  sequence_not_found: 404,
+  sequence_exists: 409,
+  sequence_exhausted: 409,
+  closed: 503,
+  timeout: 503,
+  database_unavailable: 503,
+  schema_too_new: 500,
+  schema_outdated: 500,
+  unsupported_server: 500,
+  embedded_failed: 500,
+  database_error: 500,
+} as const;
+
+export type OrdoErrorCode = keyof typeof ERROR_CODES;
+
+export class OrdoError extends Error {
+  override readonly name = 'OrdoError';
+  readonly code: OrdoErrorCode;
+
+  constructor(code: OrdoErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+  }
+
+  get httpStatus(): number {
+    return ERROR_CODES[this.code];
+  }
+}
+
+/** SQLSTATEs raised by ordo's own SQL functions and the PostgreSQL ones a caller can cause. */
+const SQLSTATE_CODES: Record<string, OrdoErrorCode> = {
+  OX001: 'sequence_not_found',
+  OX002: 'sequence_exhausted',
+  OX003: 'invalid_argument',
+  '22003': 'invalid_argument', // numeric_value_out_of_range
+  '22023': 'invalid_argument', // invalid_parameter_value
+  '23514': 'invalid_argument', // check_violation
+  '57014': 'timeout', // query_canceled (statement_timeout)
+  '55P03': 'timeout', // lock_not_available (lock_timeout)
+  '57P01': 'database_unavailable', // admin_shutdown
+  '08006': 'database_unavailable', // connection_failure
+};
+
+const NETWORK_ERRORS = new Set(['ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'ETIMEDOUT', 'EPIPE']);
+
+/**
+ * Turns anything thrown by the driver into an OrdoError. The statement text is attached
+ * as a non-enumerable property: it helps debugging without leaking into logs.
+ */
+export function toOrdoError(error: unknown, statement?: string): OrdoError {
+  if (error instanceof OrdoError) return error;
+  const e = error as { code?: unknown; message?: unknown };
+  const sqlstate = typeof e?.code === 'string' ? e.code : undefined;
+  const message = typeof e?.message === 'string' ? e.message : String(error);
+  let code: OrdoErrorCode = 'database_error';
+  if (sqlstate && SQLSTATE_CODES[sqlstate]) code = SQLSTATE_CODES[sqlstate];
+  else if (sqlstate && NETWORK_ERRORS.has(sqlstate)) code = 'database_unavailable';
+  else if (/Connection terminated|connection timeout|Client has encountered a connection error/i.test(message))
+    code = 'database_unavailable';
+  const wrapped = new OrdoError(code, message, { cause: error });
+  if (statement) Object.defineProperty(wrapped, 'statement', { value: statement, enumerable: false });
+  return wrapped;
+}

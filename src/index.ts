@@ -1,0 +1,13 @@
+export type { EmbeddedOptions, OrdoOptions } from './config.js';
+export type { Queryable } from './db/queryable.js';
+export { ERROR_CODES, OrdoError, type OrdoErrorCode } from './errors.js';
+export { createOrdo, Ordo } from './ordo.js';
+export type { Issued } from './sequences/coalescer.js';
+export type {
+  DefineSequenceOptions,
+  ResetPeriod,
+  SequenceDefinition,
+  SequenceKind,
+} from './sequences/definitions.js';
+export { FORMAT_TOKENS } from './sequences/format.js';
+export { MAX_COUNT, type NextOptions, type RemoveOptions, Sequences } from './sequences/sequences.js';

@@ -1,0 +1,71 @@
+import pg from 'pg';
+import { type Config, type OrdoOptions, resolveConfig } from './config.js';
+import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
+import { migrate } from './db/migrations.js';
+import { OrdoError } from './errors.js';
+import { sequencePlans } from './sequences/plans.js';
+import { type NextOptions, Sequences } from './sequences/sequences.js';
+
+/** The ordo client: owns the pool (unless given one) and wires the modules to it. */
+export class Ordo {
+  readonly sequences: Sequences;
+  readonly schema: string;
+  readonly nodeId: string;
+  private closing: Promise<void> | undefined;
+
+  /** @internal Use createOrdo(). */
+  constructor(
+    config: Config,
+    private readonly pool: pg.Pool,
+    private readonly ownsPool: boolean,
+    private readonly embedded: EmbeddedServer | undefined,
+  ) {
+    this.schema = config.schema;
+    this.nodeId = config.nodeId;
+    const ensureOpen = () => {
+      if (this.closing) throw new OrdoError('closed', 'This ordo client is closed');
+    };
+    this.sequences = new Sequences(pool, sequencePlans(config.schema), ensureOpen);
+  }
+
+  /** The next value of a sequence, as a number. */
+  async nextval(name: string, options?: NextOptions): Promise<number> {
+    return (await this.sequences.next(name, options)).value;
+  }
+
+  /** Answers the calls in flight, then ends the pool it created and the embedded server. */
+  close(): Promise<void> {
+    this.closing ??= (async () => {
+      await this.sequences.idle();
+      if (this.ownsPool) await this.pool.end();
+      await this.embedded?.stop();
+    })();
+    return this.closing;
+  }
+}
+
+export async function createOrdo(options: OrdoOptions = {}): Promise<Ordo> {
+  const config = resolveConfig(options);
+  const { source } = config;
+  const embedded = source.kind === 'embedded' ? await startEmbedded(source.dataDir) : undefined;
+  const pool =
+    source.kind === 'pool'
+      ? source.pool
+      : new pg.Pool({
+          connectionString: embedded?.url ?? (source.kind === 'url' ? source.url : undefined),
+          max: config.poolSize,
+          application_name: 'ordo',
+        });
+  const ownsPool = source.kind !== 'pool';
+  // An idle connection that dies (server restart) must not crash the process; the next
+  // query gets a fresh connection and reports its own error.
+  if (ownsPool) pool.on('error', () => undefined);
+  try {
+    await migrate(pool, config.schema, config.migrate);
+  } catch (e) {
+    if (ownsPool) await pool.end().catch(() => undefined);
+    await embedded?.stop().catch(() => undefined);
+    throw e;
+  }
+  return new Ordo(config, pool, ownsPool, embedded);
+}

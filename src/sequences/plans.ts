@@ -1,0 +1,25 @@
+import { quoteIdent } from '../db/migrations.js';
+
+/**
+ * Every statement the sequences module sends, in one place for review. Built once per
+ * schema; the schema name is a validated identifier, all values are parameters.
+ */
+export function sequencePlans(schema: string) {
+  const s = quoteIdent(schema);
+  const columns =
+    'name, kind, start, increment, min_value, max_value, cycle, reset, time_zone, format, created_at, updated_at';
+  return {
+    /** Inserts a definition after PostgreSQL has checked the time zone; nothing on conflict. */
+    define: `INSERT INTO ${s}.sequences (name, kind, start, increment, min_value, max_value, cycle, reset, time_zone, format)
+      SELECT $1, $2, $3, $4, $5, $6, $7, $8, ${s}.check_time_zone($9), $10
+      ON CONFLICT (name) DO NOTHING
+      RETURNING ${columns}`,
+    get: `SELECT ${columns} FROM ${s}.sequences WHERE name = $1`,
+    list: `SELECT ${columns} FROM ${s}.sequences ORDER BY name`,
+    remove: `DELETE FROM ${s}.sequences WHERE name = $1 RETURNING name`,
+    /** The hot path: `how_many` consecutive values, in order, in one statement. */
+    take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4)`,
+  };
+}
+
+export type SequencePlans = ReturnType<typeof sequencePlans>;
