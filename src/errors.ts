@@ -63,7 +63,9 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
   let code: OrdoErrorCode = 'database_error';
   if (sqlstate && SQLSTATE_CODES[sqlstate]) code = SQLSTATE_CODES[sqlstate];
   else if (sqlstate && NETWORK_ERRORS.has(sqlstate)) code = 'database_unavailable';
-  else if (/Connection terminated|connection timeout|Client has encountered a connection error/i.test(message))
+  else if (
+    /Connection terminated|connection timeout|Client has encountered a connection error/i.test(message)
+  )
     code = 'database_unavailable';
   const wrapped = new OrdoError(code, message, { cause: error });
   if (statement) Object.defineProperty(wrapped, 'statement', { value: statement, enumerable: false });

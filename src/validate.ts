@@ -28,7 +28,9 @@ export function safeInteger(what: string, value: unknown, min = -MAX_VALUE, max 
 
 export function oneOf<T extends string>(what: string, value: unknown, allowed: readonly T[]): T {
   if (typeof value !== 'string' || !allowed.includes(value as T)) {
-    throw invalid(`${what} must be one of ${allowed.map((a) => `'${a}'`).join(', ')} (got ${describe(value)})`);
+    throw invalid(
+      `${what} must be one of ${allowed.map((a) => `'${a}'`).join(', ')} (got ${describe(value)})`,
+    );
   }
   return value as T;
 }
@@ -57,6 +59,7 @@ export function plainObject(what: string, value: unknown): Record<string, unknow
 export function describe(value: unknown): string {
   if (typeof value === 'string') return JSON.stringify(value.length > 80 ? `${value.slice(0, 80)}…` : value);
   if (typeof value === 'number' || typeof value === 'boolean' || value == null) return String(value);
-  if (value instanceof Date) return `Date(${Number.isNaN(value.getTime()) ? 'invalid' : value.toISOString()})`;
+  if (value instanceof Date)
+    return `Date(${Number.isNaN(value.getTime()) ? 'invalid' : value.toISOString()})`;
   return Array.isArray(value) ? 'an array' : typeof value;
 }

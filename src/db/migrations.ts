@@ -77,7 +77,10 @@ export async function migrate(pool: pg.Pool, schema: string, apply = true): Prom
       for (const m of migrations) {
         if (m.version <= locked) continue;
         await client.query(m.sql.replaceAll('{{schema}}', s));
-        await client.query(`INSERT INTO ${s}.migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
+        await client.query(`INSERT INTO ${s}.migrations (version, name) VALUES ($1, $2)`, [
+          m.version,
+          m.name,
+        ]);
         applied.push(m.version);
       }
       await client.query('COMMIT');
@@ -109,7 +112,9 @@ async function currentVersion(client: pg.PoolClient, schema: string): Promise<nu
     `${quoteIdent(schema)}.migrations`,
   ]);
   if (!rows[0].present) return 0;
-  const res = await client.query(`SELECT coalesce(max(version), 0) AS v FROM ${quoteIdent(schema)}.migrations`);
+  const res = await client.query(
+    `SELECT coalesce(max(version), 0) AS v FROM ${quoteIdent(schema)}.migrations`,
+  );
   return res.rows[0].v as number;
 }
 

@@ -85,7 +85,9 @@ export function validateDefinition(input: DefineSequenceOptions): ValidDefinitio
   const maxValue = safeInteger('maxValue', o.maxValue ?? MAX_VALUE, start);
   const timeZone = o.timeZone ?? 'UTC';
   if (typeof timeZone !== 'string' || timeZone.length === 0 || timeZone.length > 64) {
-    throw invalid(`timeZone must be an IANA time zone name such as 'Europe/Paris' (got ${describe(timeZone)})`);
+    throw invalid(
+      `timeZone must be an IANA time zone name such as 'Europe/Paris' (got ${describe(timeZone)})`,
+    );
   }
   return {
     name,

@@ -11,7 +11,9 @@ export const MAX_FORMAT_LENGTH = 200;
 
 export function validateFormat(format: unknown): string {
   if (typeof format !== 'string' || format.length === 0 || format.length > MAX_FORMAT_LENGTH) {
-    throw invalid(`format must be a text of 1 to ${MAX_FORMAT_LENGTH} characters, such as 'INV-{YYYY}-{n:6}'`);
+    throw invalid(
+      `format must be a text of 1 to ${MAX_FORMAT_LENGTH} characters, such as 'INV-{YYYY}-{n:6}'`,
+    );
   }
   let number = false;
   for (const [token] of format.matchAll(TOKEN)) {

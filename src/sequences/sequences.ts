@@ -45,7 +45,9 @@ export class Sequences {
     private readonly plans: SequencePlans,
     private readonly ensureOpen: () => void,
   ) {
-    this.coalescer = new Coalescer((name, scope, at, count) => this.takeMany(this.pool, name, scope, at, count));
+    this.coalescer = new Coalescer((name, scope, at, count) =>
+      this.takeMany(this.pool, name, scope, at, count),
+    );
   }
 
   async define(options: DefineSequenceOptions): Promise<SequenceDefinition> {
