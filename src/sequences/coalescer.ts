@@ -62,7 +62,7 @@ export class Coalescer {
       const batch = queue.splice(0, this.maxBatch);
       try {
         const issued = await this.takeMany(key.name, key.scope, key.at, batch.length);
-        batch.forEach((w, i) => w.resolve(issued[i]!));
+        for (const [i, w] of batch.entries()) w.resolve(issued[i]!);
       } catch (error) {
         if (batch.length > 1 && error instanceof OrdoError && error.code === 'sequence_exhausted') {
           // The batch asked for more than is left: serve callers one by one, so each value
