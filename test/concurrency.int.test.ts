@@ -1,0 +1,195 @@
+import { spawn } from 'node:child_process';
+import { setTimeout as sleep } from 'node:timers/promises';
+import fc from 'fast-check';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrdo, type Ordo } from '../src/index.js';
+import { freshDatabase, type TestDatabase } from './support/database.js';
+
+let db: TestDatabase;
+let ordo: Ordo;
+let raw: pg.Pool;
+
+beforeAll(async () => {
+  db = await freshDatabase();
+  ordo = await createOrdo({ databaseUrl: db.url, poolSize: 8 });
+  raw = db.pool(40);
+  await raw.query('CREATE TABLE docs (seq text NOT NULL, scope text NOT NULL, number bigint NOT NULL)');
+});
+afterAll(async () => {
+  await ordo?.close();
+  await db?.drop();
+});
+
+const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
+const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
+
+async function committed(seq: string, scope = ''): Promise<number[]> {
+  const { rows } = await raw.query('SELECT number FROM docs WHERE seq = $1 AND scope = $2 ORDER BY number', [
+    seq,
+    scope,
+  ]);
+  return rows.map((r) => Number(r.number));
+}
+
+/** One business transaction: take a number, store a document with it, commit or roll back. */
+async function business(
+  seq: string,
+  opts: { scope?: string; at?: string; rollback: boolean; holdMs?: number },
+) {
+  const client = await raw.connect();
+  try {
+    await client.query('BEGIN');
+    const issued = await ordo.sequences.next(seq, { tx: client, scope: opts.scope, at: opts.at });
+    await client.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
+      seq,
+      opts.scope ?? '',
+      issued.value,
+    ]);
+    if (opts.holdMs) await sleep(opts.holdMs);
+    await client.query(opts.rollback ? 'ROLLBACK' : 'COMMIT');
+    return issued;
+  } finally {
+    client.release();
+  }
+}
+
+describe('gapless under concurrency', () => {
+  it('36 concurrent transactions, a third rolling back: committed numbers are exactly 1..k', async () => {
+    await ordo.sequences.define({ name: 'rollbacks' });
+    const outcomes = range(1, 36).map((i) => i % 3 === 0);
+    const results = await Promise.all(
+      outcomes.map((rollback, i) => business('rollbacks', { rollback, holdMs: i % 4 })),
+    );
+    const k = outcomes.filter((r) => !r).length;
+    expect(await committed('rollbacks')).toEqual(range(1, k));
+    // Rolled-back numbers were handed out again: more numbers were issued than committed.
+    expect(results.length).toBe(36);
+    expect(await ordo.nextval('rollbacks')).toBe(k + 1);
+  });
+
+  it('the first calls of a new day racing each other get 1..n with no error', async () => {
+    await ordo.sequences.define({ name: 'daily', reset: 'day', timeZone: 'Europe/Paris' });
+    // In transactions, all at the same instant of a day never seen before.
+    const inTx = await Promise.all(
+      range(1, 30).map(() => business('daily', { scope: 'tx', at: '2031-05-05T10:00:00Z', rollback: false })),
+    );
+    expect(sorted(inTx.map((i) => i.value))).toEqual(range(1, 30));
+    expect(new Set(inTx.map((i) => i.period))).toEqual(new Set(['2031-05-05']));
+    // Standalone, each at a different instant of the same new day: distinct coalescing keys,
+    // so these are separate statements racing to create the day's row.
+    const standalone = await Promise.all(
+      range(1, 30).map((i) =>
+        ordo.sequences.next('daily', {
+          scope: 'standalone',
+          at: new Date(Date.UTC(2031, 4, 6, 0, 0, i)).toISOString(),
+        }),
+      ),
+    );
+    expect(sorted(standalone.map((i) => i.value))).toEqual(range(1, 30));
+  });
+
+  it('thousands of concurrent standalone calls on one key: exactly 1..n in far fewer statements', async () => {
+    let statements = 0;
+    const counting = new pg.Pool({ connectionString: db.url, max: 8 });
+    const query = counting.query.bind(counting) as (...args: any[]) => any;
+    (counting as any).query = (...args: any[]) => {
+      if (typeof args[0] === 'string' && args[0].includes('.take(')) statements++;
+      return query(...args);
+    };
+    const local = await createOrdo({ pool: counting });
+    try {
+      await local.sequences.define({ name: 'hot' });
+      const n = 5000;
+      const values = await Promise.all(range(1, n).map(() => local.nextval('hot', { scope: 'k' })));
+      expect(sorted(values)).toEqual(range(1, n));
+      expect(statements).toBeLessThan(n / 20);
+      // Every caller got its own number: callers that arrived together got increasing values.
+      expect(values[0]).toBe(1);
+    } finally {
+      await local.close();
+      await counting.end();
+    }
+  });
+
+  it('a process killed with SIGKILL while holding a number gives it back', async () => {
+    await ordo.sequences.define({ name: 'killed' });
+    expect(await ordo.nextval('killed')).toBe(1);
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', 'test/support/take-and-hang.ts', db.url, 'killed'],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
+    const taken = await new Promise<number>((resolve, reject) => {
+      child.stdout.on('data', (chunk: Buffer) => {
+        const m = /taken (\d+)/.exec(chunk.toString());
+        if (m) resolve(Number(m[1]));
+      });
+      child.on('exit', (code) => reject(new Error(`child exited early with ${code}`)));
+    });
+    expect(taken).toBe(2);
+    const exited = new Promise((resolve) => child.on('exit', resolve));
+    child.kill('SIGKILL');
+    await exited;
+    // The killed process's transaction is rolled back by PostgreSQL: its number comes back.
+    expect(await business('killed', { rollback: false })).toMatchObject({ value: 2 });
+  });
+
+  it('property: random interleavings of commits and rollbacks never leave a gap or a duplicate', async () => {
+    let run = 0;
+    const step = fc.record({
+      scope: fc.constantFrom('a', 'b'),
+      takes: fc.integer({ min: 1, max: 3 }),
+      many: fc.boolean(),
+      rollback: fc.boolean(),
+      delayMs: fc.integer({ min: 0, max: 4 }),
+    });
+    const program = fc.array(fc.array(step, { minLength: 1, maxLength: 4 }), { minLength: 2, maxLength: 6 });
+    await fc.assert(
+      fc.asyncProperty(program, fc.integer({ min: 0, max: 6 }), async (workers, standaloneCalls) => {
+        const seq = `prop_${++run}`;
+        await ordo.sequences.define({ name: seq });
+        const expected = { a: 0, b: 0 };
+        const worker = async (steps: fc.RecordValue<any>[]) => {
+          for (const s of steps) {
+            const client = await raw.connect();
+            try {
+              await client.query('BEGIN');
+              const issued = s.many
+                ? await ordo.sequences.nextMany(seq, s.takes, { tx: client, scope: s.scope })
+                : [];
+              for (let i = 0; !s.many && i < s.takes; i++) {
+                issued.push(await ordo.sequences.next(seq, { tx: client, scope: s.scope }));
+              }
+              for (const i of issued) {
+                await client.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
+                  seq,
+                  s.scope,
+                  i.value,
+                ]);
+              }
+              await sleep(s.delayMs);
+              await client.query(s.rollback ? 'ROLLBACK' : 'COMMIT');
+              if (!s.rollback) expected[s.scope as 'a' | 'b'] += s.takes;
+            } finally {
+              client.release();
+            }
+          }
+        };
+        const standalone = async () => {
+          for (let i = 0; i < standaloneCalls; i++) {
+            const v = await ordo.nextval(seq, { scope: 'a' });
+            await raw.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [seq, 'a', v]);
+            expected.a++;
+          }
+        };
+        await Promise.all([...workers.map(worker), standalone()]);
+        expect(await committed(seq, 'a')).toEqual(range(1, expected.a));
+        expect(await committed(seq, 'b')).toEqual(range(1, expected.b));
+      }),
+      { numRuns: 25 },
+    );
+  });
+});

@@ -1,0 +1,119 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrdo } from '../src/index.js';
+
+let root: string;
+
+beforeAll(async () => {
+  root = await mkdtemp(join(tmpdir(), 'ordo-embedded-'));
+  await chmod(root, 0o755);
+});
+afterAll(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+function startChild(dataDir: string): { child: ChildProcess; ready: Promise<number> } {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'test/support/embedded-child.ts', dataDir], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  const ready = new Promise<number>((resolve, reject) => {
+    child.stdout!.on('data', (chunk: Buffer) => {
+      output += chunk.toString();
+      const m = /ready (\d+)/.exec(output);
+      if (m) resolve(Number(m[1]));
+    });
+    child.stderr!.on('data', (chunk: Buffer) => {
+      output += chunk.toString();
+    });
+    child.on('exit', (code) => reject(new Error(`child exited with ${code}: ${output}`)));
+  });
+  return { child, ready };
+}
+
+async function postmasterPid(dataDir: string): Promise<number | undefined> {
+  const text = await readFile(join(dataDir, 'postmaster.pid'), 'utf8').catch(() => undefined);
+  return text ? Number(text.split('\n')[0]) : undefined;
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function until(check: () => Promise<boolean> | boolean, ms = 15_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error('condition not met in time');
+    await sleep(50);
+  }
+}
+
+describe('embedded PostgreSQL', () => {
+  it('initialises a data directory once, keeps values across restarts, and stops on close', async () => {
+    const dataDir = join(root, 'reuse', 'pg');
+    const first = await createOrdo({ embedded: { dataDir } });
+    await first.sequences.define({ name: 'kept' });
+    expect(await first.nextval('kept')).toBe(1);
+    // A second client in the same process shares the same server.
+    const second = await createOrdo({ embedded: { dataDir } });
+    expect(await second.nextval('kept')).toBe(2);
+    const pid = await postmasterPid(dataDir);
+    expect(pid).toBeDefined();
+    await first.close();
+    expect(await second.nextval('kept')).toBe(3);
+    await second.close();
+    await until(() => !alive(pid!));
+    expect(existsSync(join(dataDir, 'postmaster.pid'))).toBe(false);
+
+    const again = await createOrdo({ embedded: { dataDir } });
+    try {
+      expect(await again.nextval('kept')).toBe(4);
+    } finally {
+      await again.close();
+    }
+  });
+
+  it('stops PostgreSQL when the process gets SIGTERM or SIGINT', async () => {
+    const dataDir = join(root, 'signals', 'pg');
+    for (const [i, signal] of (['SIGTERM', 'SIGINT'] as const).entries()) {
+      const { child, ready } = startChild(dataDir);
+      expect(await ready).toBe(i + 1);
+      const pid = await postmasterPid(dataDir);
+      expect(pid && alive(pid)).toBe(true);
+      const exited = new Promise((resolve) => child.on('exit', resolve));
+      child.kill(signal);
+      await exited;
+      await until(() => !alive(pid!));
+    }
+  });
+
+  it('after the owning process is killed with SIGKILL, the next start reuses the server left running', async () => {
+    const dataDir = join(root, 'killed', 'pg');
+    const { child, ready } = startChild(dataDir);
+    expect(await ready).toBe(1);
+    const pid = await postmasterPid(dataDir);
+    const exited = new Promise((resolve) => child.on('exit', resolve));
+    child.kill('SIGKILL');
+    await exited;
+    expect(alive(pid!)).toBe(true);
+    const ordo = await createOrdo({ embedded: { dataDir } });
+    try {
+      expect(await ordo.nextval('child')).toBe(2);
+    } finally {
+      await ordo.close();
+      // The adopted server is not ours to stop; this test cleans it up.
+      process.kill(pid!, 'SIGINT');
+      await until(() => !alive(pid!));
+    }
+  });
+});
