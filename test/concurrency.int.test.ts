@@ -146,13 +146,14 @@ describe('gapless under concurrency', () => {
       rollback: fc.boolean(),
       delayMs: fc.integer({ min: 0, max: 4 }),
     });
+    type Step = { scope: string; takes: number; many: boolean; rollback: boolean; delayMs: number };
     const program = fc.array(fc.array(step, { minLength: 1, maxLength: 4 }), { minLength: 2, maxLength: 6 });
     await fc.assert(
       fc.asyncProperty(program, fc.integer({ min: 0, max: 6 }), async (workers, standaloneCalls) => {
         const seq = `prop_${++run}`;
         await ordo.sequences.define({ name: seq });
         const expected = { a: 0, b: 0 };
-        const worker = async (steps: fc.RecordValue<any>[]) => {
+        const worker = async (steps: Step[]) => {
           for (const s of steps) {
             const client = await raw.connect();
             try {
