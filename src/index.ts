@@ -10,4 +10,10 @@ export type {
   SequenceKind,
 } from './sequences/definitions.js';
 export { FORMAT_TOKENS } from './sequences/format.js';
-export { MAX_COUNT, type NextOptions, type RemoveOptions, Sequences } from './sequences/sequences.js';
+export {
+  MAX_COUNT,
+  type NextOptions,
+  type RemoveOptions,
+  type SequenceStatus,
+  Sequences,
+} from './sequences/sequences.js';

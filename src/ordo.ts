@@ -2,7 +2,7 @@ import pg from 'pg';
 import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
 import { migrate } from './db/migrations.js';
-import { OrdoError } from './errors.js';
+import { OrdoError, toOrdoError } from './errors.js';
 import { sequencePlans } from './sequences/plans.js';
 import { type NextOptions, Sequences } from './sequences/sequences.js';
 
@@ -22,15 +22,41 @@ export class Ordo {
   ) {
     this.schema = config.schema;
     this.nodeId = config.nodeId;
-    const ensureOpen = () => {
-      if (this.closing) throw new OrdoError('closed', 'This ordo client is closed');
-    };
-    this.sequences = new Sequences(pool, sequencePlans(config.schema), ensureOpen);
+    this.sequences = new Sequences(pool, sequencePlans(config.schema), () => this.ensureOpen());
+  }
+
+  /**
+   * Runs `fn` in a transaction on one of ordo's connections: committed when `fn` resolves,
+   * rolled back when it throws. Pass `tx` to ordo's calls and run your own statements on it.
+   */
+  async transaction<T>(fn: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
+    this.ensureOpen();
+    const client = await this.pool.connect().catch((e: unknown) => {
+      throw toOrdoError(e);
+    });
+    let broken = false;
+    try {
+      await client.query('BEGIN');
+      const result = await fn(client);
+      await client.query('COMMIT');
+      return result;
+    } catch (e) {
+      await client.query('ROLLBACK').catch(() => {
+        broken = true;
+      });
+      throw e;
+    } finally {
+      client.release(broken);
+    }
   }
 
   /** The next value of a sequence, as a number. */
   async nextval(name: string, options?: NextOptions): Promise<number> {
     return (await this.sequences.next(name, options)).value;
+  }
+
+  private ensureOpen(): void {
+    if (this.closing) throw new OrdoError('closed', 'This ordo client is closed');
   }
 
   /** Answers the calls in flight, then ends the pool it created and the embedded server. */

@@ -16,6 +16,10 @@ export function sequencePlans(schema: string) {
       RETURNING ${columns}`,
     get: `SELECT ${columns} FROM ${s}.sequences WHERE name = $1`,
     list: `SELECT ${columns} FROM ${s}.sequences ORDER BY name`,
+    /** Current value per scope and period; sequences never used appear once with nulls. */
+    status: `SELECT d.name, d.reset, c.scope, to_char(nullif(c.period, '-infinity'), 'YYYY-MM-DD') AS period, c.value
+      FROM ${s}.sequences AS d LEFT JOIN ${s}.counters AS c ON c.sequence = d.name
+      ORDER BY d.name, c.scope, c.period`,
     remove: `DELETE FROM ${s}.sequences WHERE name = $1 RETURNING name`,
     /** The hot path: `how_many` consecutive values, in order, in one statement. */
     take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4)`,

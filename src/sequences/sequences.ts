@@ -5,6 +5,7 @@ import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInt
 import { Coalescer, type Issued } from './coalescer.js';
 import {
   type DefineSequenceOptions,
+  type ResetPeriod,
   type SequenceDefinition,
   toDefinition,
   validateDefinition,
@@ -18,6 +19,16 @@ export interface NextOptions {
   tx?: Queryable;
   /** The time whose period the value belongs to (default: the transaction's now()). */
   at?: Date | string;
+}
+
+export interface SequenceStatus {
+  name: string;
+  reset: ResetPeriod;
+  /** null for a sequence that has issued nothing yet. */
+  scope: string | null;
+  period: string | null;
+  /** The last value issued in this scope and period. */
+  value: number | null;
 }
 
 export interface RemoveOptions {
@@ -82,6 +93,19 @@ export class Sequences {
     this.ensureOpen();
     const { rows } = await this.run(this.pool, this.plans.list, []);
     return rows.map(toDefinition);
+  }
+
+  /** Every sequence with its current value per scope and period. */
+  async status(): Promise<SequenceStatus[]> {
+    this.ensureOpen();
+    const { rows } = await this.run(this.pool, this.plans.status, []);
+    return rows.map((r) => ({
+      name: r.name,
+      reset: r.reset,
+      scope: r.scope,
+      period: r.period,
+      value: r.value === null ? null : Number(r.value),
+    }));
   }
 
   /** Removes a sequence and all its counters. Returns false when it did not exist and ifExists is set. */
