@@ -1,9 +1,9 @@
 // The README's runnable sample (`npm start`): DATABASE_URL when set, else an embedded
 // PostgreSQL kept in ./.ordo/pg.
+import { envDatabaseUrl } from '../src/config.js';
 import { createOrdo } from '../src/index.js';
 
-const url = process.env.ORDO_DATABASE_URL ?? process.env.DATABASE_URL;
-const ordo = await createOrdo(url ? { databaseUrl: url } : { embedded: true });
+const ordo = await createOrdo(envDatabaseUrl() ? {} : { embedded: true });
 
 // Invoice numbers: no gaps, per tenant, restarting every 1 January in Paris.
 await ordo.sequences.define({

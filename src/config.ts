@@ -44,7 +44,7 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 export function resolveConfig(options: OrdoOptions = {}, env: NodeJS.ProcessEnv = process.env): Config {
   const o = plainObject('createOrdo options', options);
   knownKeys('createOrdo', o, OPTION_KEYS);
-  const schema = identifier('schema', options.schema ?? env.ORDO_SCHEMA ?? 'ordo');
+  const schema = identifier('schema', options.schema ?? (env.ORDO_SCHEMA || 'ordo'));
   const nodeId = options.nodeId ?? randomUUID();
   if (typeof nodeId !== 'string' || !UUID.test(nodeId)) {
     throw invalid(`nodeId must be a UUID (got ${describe(nodeId)})`);
@@ -74,7 +74,7 @@ function resolveSource(options: OrdoOptions, env: NodeJS.ProcessEnv): DatabaseSo
     }
     return { kind: 'embedded', dataDir };
   }
-  const url = options.databaseUrl ?? env.ORDO_DATABASE_URL ?? env.DATABASE_URL;
+  const url = options.databaseUrl ?? envDatabaseUrl(env);
   if (url === undefined) {
     throw invalid(
       'no database given: pass databaseUrl, pool or embedded: true, or set ORDO_DATABASE_URL or DATABASE_URL',
@@ -85,4 +85,9 @@ function resolveSource(options: OrdoOptions, env: NodeJS.ProcessEnv): DatabaseSo
     throw invalid('databaseUrl must be a postgres:// or postgresql:// URL');
   }
   return { kind: 'url', url };
+}
+
+/** ORDO_DATABASE_URL, then DATABASE_URL; an empty variable counts as unset. */
+export function envDatabaseUrl(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  return env.ORDO_DATABASE_URL || env.DATABASE_URL || undefined;
 }

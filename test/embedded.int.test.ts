@@ -17,10 +17,17 @@ afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-function startChild(dataDir: string): { child: ChildProcess; ready: Promise<number> } {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'test/support/embedded-child.ts', dataDir], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+function startChild(
+  dataDir: string,
+  mode = 'wait',
+): { child: ChildProcess; ready: Promise<number>; output: () => string } {
+  const child = spawn(
+    process.execPath,
+    ['--import', 'tsx', 'test/support/embedded-child.ts', dataDir, mode],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   let output = '';
   const ready = new Promise<number>((resolve, reject) => {
     child.stdout!.on('data', (chunk: Buffer) => {
@@ -33,7 +40,7 @@ function startChild(dataDir: string): { child: ChildProcess; ready: Promise<numb
     });
     child.on('exit', (code) => reject(new Error(`child exited with ${code}: ${output}`)));
   });
-  return { child, ready };
+  return { child, ready, output: () => output };
 }
 
 async function postmasterPid(dataDir: string): Promise<number | undefined> {
@@ -83,18 +90,43 @@ describe('embedded PostgreSQL', () => {
     }
   });
 
-  it('stops PostgreSQL when the process gets SIGTERM or SIGINT', async () => {
+  it('stops PostgreSQL when the process gets SIGTERM or SIGINT, then dies of that signal', async () => {
     const dataDir = join(root, 'signals', 'pg');
     for (const [i, signal] of (['SIGTERM', 'SIGINT'] as const).entries()) {
       const { child, ready } = startChild(dataDir);
       expect(await ready).toBe(i + 1);
       const pid = await postmasterPid(dataDir);
       expect(pid && alive(pid)).toBe(true);
-      const exited = new Promise((resolve) => child.on('exit', resolve));
+      const exited = new Promise((resolve) => child.on('exit', (_code, sig) => resolve(sig)));
       child.kill(signal);
-      await exited;
+      expect(await exited).toBe(signal);
       await until(() => !alive(pid!));
     }
+  });
+
+  it('an application that handles SIGTERM itself keeps its database until it closes ordo', async () => {
+    const dataDir = join(root, 'own-handler', 'pg');
+    const { child, ready, output } = startChild(dataDir, 'own-handler');
+    expect(await ready).toBe(1);
+    const pid = await postmasterPid(dataDir);
+    const exited = new Promise((resolve) => child.on('exit', (code) => resolve(code)));
+    child.kill('SIGTERM');
+    expect(await exited).toBe(0);
+    expect(output()).toContain('after-signal 2');
+    await until(() => !alive(pid!));
+  });
+
+  it('keeps the exit code a program sets, and stops PostgreSQL on process.exit() without close()', async () => {
+    const dataDir = join(root, 'exit', 'pg');
+    const closed = startChild(dataDir, 'exit-code');
+    expect(await closed.ready).toBe(1);
+    expect(await new Promise((resolve) => closed.child.on('exit', resolve))).toBe(7);
+
+    const abrupt = startChild(dataDir, 'exit-without-close');
+    expect(await abrupt.ready).toBe(2);
+    const pid = await postmasterPid(dataDir);
+    expect(await new Promise((resolve) => abrupt.child.on('exit', resolve))).toBe(3);
+    await until(() => !alive(pid!));
   });
 
   it('after the owning process is killed with SIGKILL, the next start reuses the server left running', async () => {

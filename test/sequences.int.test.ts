@@ -34,3 +34,39 @@ describe('gapless sequences', () => {
     expect(await ordo.nextval('invoice', { scope: 'acme', at: '2026-03-01T10:00:00Z' })).toBe(2);
   });
 });
+
+describe('definitions and transactions through the public API', () => {
+  it('gets, lists and removes definitions; removing drops the counters', async () => {
+    await ordo.sequences.define({ name: 'temp', start: 10, increment: 5, maxValue: 1000 });
+    expect(await ordo.sequences.get('temp')).toMatchObject({
+      start: 10,
+      increment: 5,
+      minValue: 10,
+      maxValue: 1000,
+    });
+    expect((await ordo.sequences.list()).map((d) => d.name)).toContain('temp');
+    expect(await ordo.nextval('temp')).toBe(10);
+    expect(await ordo.sequences.remove('temp')).toBe(true);
+    expect(await ordo.sequences.get('temp')).toBeNull();
+    expect(await ordo.sequences.remove('temp', { ifExists: true })).toBe(false);
+    // Defined again, it starts afresh: nothing of the old counters survived.
+    await ordo.sequences.define({ name: 'temp', start: 10 });
+    expect(await ordo.nextval('temp')).toBe(10);
+    expect((await ordo.sequences.status()).filter((s) => s.name === 'temp')).toEqual([
+      { name: 'temp', reset: 'never', scope: '', period: null, value: 10 },
+    ]);
+  });
+
+  it('transaction() commits what fn did, and rolls back (returning the number) when fn throws', async () => {
+    await ordo.sequences.define({ name: 'txseq' });
+    await expect(
+      ordo.transaction(async (tx) => {
+        expect((await ordo.sequences.next('txseq', { tx })).value).toBe(1);
+        throw new Error('declined');
+      }),
+    ).rejects.toThrow('declined');
+    const kept = await ordo.transaction(async (tx) => ordo.sequences.nextMany('txseq', 3, { tx }));
+    expect(kept.map((i) => i.value)).toEqual([1, 2, 3]);
+    expect(await ordo.nextval('txseq')).toBe(4);
+  });
+});

@@ -1,4 +1,5 @@
 import { parseArgs } from 'node:util';
+import { envDatabaseUrl } from '../config.js';
 import { createOrdo, type Ordo, OrdoError } from '../index.js';
 
 const USAGE = `ordo — numbers and order you can trust on PostgreSQL
@@ -34,7 +35,7 @@ function parse(argv: string[]) {
 }
 
 async function open(flags: Flags): Promise<Ordo> {
-  const url = flags['database-url'] ?? process.env.ORDO_DATABASE_URL ?? process.env.DATABASE_URL;
+  const url = flags['database-url'] ?? envDatabaseUrl();
   const schema = flags.schema;
   return url
     ? createOrdo({ databaseUrl: url, schema, poolSize: 2 })

