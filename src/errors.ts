@@ -61,13 +61,26 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
   const sqlstate = typeof e?.code === 'string' ? e.code : undefined;
   const message = typeof e?.message === 'string' ? e.message : String(error);
   let code: OrdoErrorCode = 'database_error';
+  if (sqlstate === '23503') {
+    // The only foreign key is counters → sequences: the sequence was removed mid-call.
+    return wrap(
+      'sequence_not_found',
+      'The sequence was removed while a value was being taken',
+      error,
+      statement,
+    );
+  }
   if (sqlstate && SQLSTATE_CODES[sqlstate]) code = SQLSTATE_CODES[sqlstate];
   else if (sqlstate && NETWORK_ERRORS.has(sqlstate)) code = 'database_unavailable';
   else if (
     /Connection terminated|connection timeout|Client has encountered a connection error/i.test(message)
   )
     code = 'database_unavailable';
-  const wrapped = new OrdoError(code, message, { cause: error });
+  return wrap(code, message, error, statement);
+}
+
+function wrap(code: OrdoErrorCode, message: string, cause: unknown, statement?: string): OrdoError {
+  const wrapped = new OrdoError(code, message, { cause });
   if (statement) Object.defineProperty(wrapped, 'statement', { value: statement, enumerable: false });
   return wrapped;
 }

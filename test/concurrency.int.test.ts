@@ -194,3 +194,36 @@ describe('gapless under concurrency', () => {
     );
   });
 });
+
+describe('remove while values are being taken', () => {
+  it('a call racing a removal gets sequence_not_found, and nothing is left behind', async () => {
+    await ordo.sequences.define({ name: 'doomed', reset: 'day' });
+    // Another process removes the sequence in a transaction that is still open.
+    const remover = await raw.connect();
+    await remover.query('BEGIN');
+    await remover.query("DELETE FROM ordo.sequences WHERE name = 'doomed'");
+    // These still see the definition, so they try to create counter rows; the foreign-key
+    // check waits for the remover.
+    const racing = Promise.allSettled(
+      range(1, 5).map((i) => ordo.sequences.next('doomed', { at: `2030-01-0${i}T00:00:00Z` })),
+    );
+    // Wait until all five are blocked on the remover's lock, not merely scheduled.
+    for (let waiting = 0; waiting < 5; await sleep(10)) {
+      const { rows } = await raw.query(
+        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+      );
+      waiting = rows[0].n;
+    }
+    await remover.query('COMMIT');
+    remover.release();
+    for (const r of await racing) {
+      expect(r.status).toBe('rejected');
+      expect((r as PromiseRejectedResult).reason).toMatchObject({
+        code: 'sequence_not_found',
+        message: 'The sequence was removed while a value was being taken',
+      });
+    }
+    const left = await raw.query("SELECT count(*)::int AS n FROM ordo.counters WHERE sequence = 'doomed'");
+    expect(left.rows[0].n).toBe(0);
+  });
+});
