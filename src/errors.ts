@@ -41,6 +41,8 @@ const SQLSTATE_CODES: Record<string, OrdoErrorCode> = {
   OX002: 'sequence_exhausted',
   OX003: 'invalid_argument',
   '22003': 'invalid_argument', // numeric_value_out_of_range
+  '22008': 'invalid_argument', // datetime_field_overflow
+  '22009': 'invalid_argument', // invalid_time_zone_displacement_value
   '22023': 'invalid_argument', // invalid_parameter_value
   '23514': 'invalid_argument', // check_violation
   '57014': 'timeout', // query_canceled (statement_timeout)

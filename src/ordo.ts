@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
+import { InFlight } from './db/in-flight.js';
 import { migrate } from './db/migrations.js';
 import { OrdoError, toOrdoError } from './errors.js';
 import { sequencePlans } from './sequences/plans.js';
@@ -12,6 +13,8 @@ export class Ordo {
   readonly schema: string;
   readonly nodeId: string;
   private closing: Promise<void> | undefined;
+  private closed = false;
+  private readonly inFlight = new InFlight();
 
   /** @internal Use createOrdo(). */
   constructor(
@@ -22,7 +25,12 @@ export class Ordo {
   ) {
     this.schema = config.schema;
     this.nodeId = config.nodeId;
-    this.sequences = new Sequences(pool, sequencePlans(config.schema), () => this.ensureOpen());
+    this.sequences = new Sequences(
+      pool,
+      sequencePlans(config.schema),
+      (withTx) => this.ensureOpen(withTx),
+      this.inFlight,
+    );
   }
 
   /**
@@ -31,6 +39,10 @@ export class Ordo {
    */
   async transaction<T>(fn: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
     this.ensureOpen();
+    return this.inFlight.track(this.inTransaction(fn));
+  }
+
+  private async inTransaction<T>(fn: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
     const client = await this.pool.connect().catch((e: unknown) => {
       throw toOrdoError(e);
     });
@@ -55,14 +67,20 @@ export class Ordo {
     return (await this.sequences.next(name, options)).value;
   }
 
-  private ensureOpen(): void {
-    if (this.closing) throw new OrdoError('closed', 'This ordo client is closed');
+  /**
+   * After close() is called, calls on ordo's own pool are refused; a call that brings its own
+   * `tx` (say, inside a transaction() that began earlier) may finish until the pool has ended.
+   */
+  private ensureOpen(withTx = false): void {
+    if (this.closed || (this.closing && !withTx)) throw new OrdoError('closed', 'This ordo client is closed');
   }
 
   /** Answers the calls in flight, then ends the pool it created and the embedded server. */
   close(): Promise<void> {
     this.closing ??= (async () => {
       await this.sequences.idle();
+      await this.inFlight.idle();
+      this.closed = true;
       if (this.ownsPool) await this.pool.end();
       await this.embedded?.stop();
     })();

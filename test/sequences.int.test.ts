@@ -70,3 +70,24 @@ describe('definitions and transactions through the public API', () => {
     expect(await ordo.nextval('txseq')).toBe(4);
   });
 });
+
+describe('close()', () => {
+  it('lets a transaction begun before close() finish with its own tx, then refuses new calls', async () => {
+    const other = await createOrdo({ databaseUrl: db.url, poolSize: 2 });
+    await other.sequences.define({ name: 'closing_tx', ifNotExists: true });
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    const work = other.transaction(async (tx) => {
+      await gate;
+      return other.sequences.next('closing_tx', { tx });
+    });
+    const closing = other.close();
+    await expect(other.nextval('closing_tx')).rejects.toMatchObject({ code: 'closed' });
+    release();
+    expect((await work).value).toBe(1);
+    await closing;
+    await expect(other.transaction(async () => 1)).rejects.toMatchObject({ code: 'closed' });
+  });
+});

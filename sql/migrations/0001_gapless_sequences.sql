@@ -38,8 +38,9 @@ CREATE TABLE {{schema}}.counters (
   PRIMARY KEY (sequence, scope, period)
 );
 
--- Raises invalid_argument unless tz is an IANA zone name PostgreSQL knows. Abbreviations
--- ('EST') and POSIX offsets ('UTC+3', whose sign is inverted) are refused on purpose.
+-- Raises invalid_argument unless tz is a zone name of PostgreSQL's IANA database (which has
+-- legacy fixed-offset zones such as 'EST' too). POSIX offsets ('UTC+3', whose sign is inverted
+-- from what most people expect) and abbreviations outside that list are refused.
 CREATE FUNCTION {{schema}}.check_time_zone(tz text) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 BEGIN

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
 import { OrdoError, toOrdoError } from '../errors.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
@@ -54,7 +55,8 @@ export class Sequences {
   constructor(
     private readonly pool: pg.Pool,
     private readonly plans: SequencePlans,
-    private readonly ensureOpen: () => void,
+    private readonly ensureOpen: (withTx?: boolean) => void,
+    private readonly inFlight: InFlight,
   ) {
     this.coalescer = new Coalescer((name, scope, at, count) =>
       this.takeMany(this.pool, name, scope, at, count),
@@ -78,8 +80,8 @@ export class Sequences {
     ];
     const { rows } = await this.run(this.pool, this.plans.define, values);
     if (rows[0]) return toDefinition(rows[0]);
-    const existing = d.ifNotExists ? await this.get(d.name) : null;
-    if (existing) return existing;
+    const existing = d.ifNotExists ? await this.run(this.pool, this.plans.get, [d.name]) : undefined;
+    if (existing?.rows[0]) return toDefinition(existing.rows[0]);
     throw new OrdoError('sequence_exists', `The sequence '${d.name}' already exists`);
   }
 
@@ -122,7 +124,7 @@ export class Sequences {
 
   /** The next value: inside `tx` when given, else coalesced with concurrent standalone calls. */
   async next(name: string, options: NextOptions = {}): Promise<Issued> {
-    this.ensureOpen();
+    this.ensureOpen(options?.tx !== undefined);
     const c = checkNext(name, options);
     if (c.tx) {
       const [issued] = await this.takeMany(c.tx, c.name, c.scope, c.at, 1);
@@ -133,15 +135,18 @@ export class Sequences {
 
   /** `count` consecutive values, taken by one statement. */
   async nextMany(name: string, count: number, options: NextOptions = {}): Promise<Issued[]> {
-    this.ensureOpen();
+    this.ensureOpen(options?.tx !== undefined);
     const c = checkNext(name, options);
     const n = safeInteger('count', count, 1, MAX_COUNT);
     return this.takeMany(c.tx ?? this.pool, c.name, c.scope, c.at, n);
   }
 
-  /** @internal Resolves when every coalesced call in flight has been answered. */
-  idle(): Promise<void> {
-    return this.coalescer.idle();
+  /** @internal Resolves when every call accepted so far has been answered. */
+  async idle(): Promise<void> {
+    do {
+      await this.coalescer.idle();
+      await this.inFlight.idle();
+    } while (this.inFlight.busy);
   }
 
   private async takeMany(
@@ -155,12 +160,17 @@ export class Sequences {
     return rows.map((r) => ({ value: Number(r.value), text: r.text, period: r.period, scope }));
   }
 
-  private async run(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
-    try {
-      return await db.query(text, values);
-    } catch (e) {
-      throw toOrdoError(e, text);
-    }
+  /** Every statement goes through here: errors become OrdoErrors, and close() waits for it. */
+  private run(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
+    return this.inFlight.track(
+      (async () => {
+        try {
+          return await db.query(text, values);
+        } catch (e) {
+          throw toOrdoError(e, text);
+        }
+      })(),
+    );
   }
 }
 
@@ -179,11 +189,21 @@ function checkNext(name: string, options: NextOptions): Checked {
   };
 }
 
+/** A date, or a date-time with an explicit offset: a local time without one would be read in the Node process's zone. */
+const ISO_8601 =
+  /^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}(?::?\d{2})?))?$/i;
+const FIRST_DAY = Date.UTC(1, 0, 1) - 14 * 3600_000;
+const LAST_DAY = Date.UTC(9999, 11, 31, 23, 59, 59, 999) + 14 * 3600_000;
+
 function checkAt(at: unknown): string | null {
   if (at === undefined) return null;
-  const date = at instanceof Date ? at : typeof at === 'string' ? new Date(at) : undefined;
-  if (!date || Number.isNaN(date.getTime())) {
-    throw invalid(`at must be a Date or an ISO 8601 timestamp (got ${describe(at)})`);
+  const date =
+    at instanceof Date ? at : typeof at === 'string' && ISO_8601.test(at) ? new Date(at) : undefined;
+  const time = date?.getTime() ?? Number.NaN;
+  if (Number.isNaN(time) || time < FIRST_DAY || time > LAST_DAY) {
+    throw invalid(
+      `at must be a Date or an ISO 8601 timestamp with an offset, such as '2026-12-31T23:00:00Z', in the years 1 to 9999 (got ${describe(at)})`,
+    );
   }
-  return date.toISOString();
+  return date!.toISOString();
 }
