@@ -227,3 +227,62 @@ describe('remove while values are being taken', () => {
     expect(left.rows[0].n).toBe(0);
   });
 });
+
+describe('coalescing across keys', () => {
+  it('a batch never deadlocks with a transaction that locks its rows in another order', async () => {
+    await ordo.sequences.define({ name: 'crossed' });
+    const user = await raw.connect();
+    try {
+      await user.query('BEGIN');
+      // Were there a deadlock, this session would detect it first and be the one aborted.
+      await user.query("SET LOCAL deadlock_timeout = '200ms'");
+      // The user's transaction holds scope b, and will ask for scope a next.
+      const b1 = await ordo.sequences.next('crossed', { scope: 'b', tx: user });
+      // Standalone calls for a and b in the same tick: one batch, which locks a, then waits on b.
+      const burst = Promise.all(
+        ['a', 'b', 'a', 'b', 'a'].map((scope) => ordo.sequences.next('crossed', { scope })),
+      );
+      for (let waiting = 0; waiting < 1; await sleep(5)) {
+        const { rows } = await raw.query(
+          "SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        );
+        waiting = rows[0].n;
+      }
+      // Opposite order: a deadlock if the batch kept a locked while waiting on b.
+      const a1 = await ordo.sequences.next('crossed', { scope: 'a', tx: user });
+      await user.query('COMMIT');
+      const issued = await burst;
+      const values = (scope: string, own: number) =>
+        sorted([own, ...issued.filter((i) => i.scope === scope).map((i) => i.value)]);
+      expect(values('a', a1.value)).toEqual([1, 2, 3, 4]);
+      expect(values('b', b1.value)).toEqual([1, 2, 3]);
+    } finally {
+      user.release();
+    }
+  });
+
+  it('many keys in one batch: every key gapless, far fewer statements than calls', async () => {
+    await ordo.sequences.define({ name: 'spread', reset: 'day' });
+    const scopes = range(1, 64).map((i) => `k${i}`);
+    const calls = range(1, 20).flatMap(() => scopes.map((scope) => ({ scope })));
+    const issued = await Promise.all(calls.map((c) => ordo.sequences.next('spread', c)));
+    for (const scope of scopes) {
+      expect(sorted(issued.filter((i) => i.scope === scope).map((i) => i.value))).toEqual(range(1, 20));
+    }
+  });
+
+  it('take_many from SQL leaves the caller transaction’s lock_timeout as it was', async () => {
+    const client = await raw.connect();
+    try {
+      await client.query('BEGIN');
+      await client.query("SET LOCAL lock_timeout = '7s'");
+      await client.query(
+        "SELECT * FROM ordo.take_many(ARRAY['spread'], ARRAY['sql'], ARRAY[NULL]::timestamptz[], ARRAY[2])",
+      );
+      expect((await client.query('SHOW lock_timeout')).rows[0].lock_timeout).toBe('7s');
+      await client.query('ROLLBACK');
+    } finally {
+      client.release();
+    }
+  });
+});

@@ -113,6 +113,8 @@ END $$;
 -- in the period that contains `at`. A single INSERT … ON CONFLICT DO UPDATE creates the
 -- period's row or advances it; its row lock lasts until the caller's transaction ends, so
 -- a rollback returns the numbers and concurrent first calls of a new period cannot race.
+-- The common case (no wrap, no exhaustion) is plain arithmetic inside the upsert, so the row
+-- lock is held for as little work as possible; value_after() handles the rest.
 CREATE FUNCTION {{schema}}.take(seq_name text, seq_scope text, at timestamptz, how_many integer)
 RETURNS TABLE (value bigint, text text, period text)
 LANGUAGE plpgsql VOLATILE AS $$
@@ -121,12 +123,13 @@ DECLARE
   s {{schema}}.sequences;
   local_at timestamp;
   p date;
+  step bigint;
   last_value bigint;
   prev bigint;
 BEGIN
-  IF seq_scope IS NULL OR at IS NULL OR how_many IS NULL OR how_many < 1 THEN
+  IF seq_scope IS NULL OR at IS NULL OR how_many IS NULL OR how_many < 1 OR how_many > 1000000 THEN
     RAISE EXCEPTION USING ERRCODE = 'OX003',
-      MESSAGE = 'scope and at must not be null, and the count must be at least 1';
+      MESSAGE = 'scope and at must not be null, and the count must be from 1 to 1000000';
   END IF;
   SELECT * INTO s FROM {{schema}}.sequences AS d WHERE d.name = seq_name;
   IF NOT FOUND THEN
@@ -138,17 +141,105 @@ BEGIN
   END IF;
   local_at := at AT TIME ZONE s.time_zone;
   p := CASE WHEN s.reset = 'never' THEN '-infinity'::date ELSE date_trunc(s.reset, local_at)::date END;
+  -- NULL when it would overflow: every comparison with it is then false and value_after() decides.
+  step := CASE WHEN s.increment <= 9007199254740991 / how_many THEN s.increment * how_many END;
 
   INSERT INTO {{schema}}.counters AS c (sequence, scope, period, value, previous)
-  VALUES (seq_name, seq_scope, p, {{schema}}.value_after(s, NULL, how_many), NULL)
+  VALUES (seq_name, seq_scope, p,
+          CASE WHEN s.start <= s.max_value - (step - s.increment) THEN s.start + (step - s.increment)
+               ELSE {{schema}}.value_after(s, NULL, how_many) END,
+          NULL)
   ON CONFLICT (sequence, scope, period) DO UPDATE
-    SET previous = c.value, value = {{schema}}.value_after(s, c.value, how_many), updated_at = now()
+    SET previous = c.value,
+        value = CASE WHEN c.value <= s.max_value - step THEN c.value + step
+                     ELSE {{schema}}.value_after(s, c.value, how_many) END,
+        updated_at = now()
   RETURNING c.value, c.previous INTO last_value, prev;
 
+  period := CASE WHEN s.reset = 'never' THEN NULL ELSE to_char(p, 'YYYY-MM-DD') END;
+  IF how_many = 1 THEN
+    value := last_value;
+    text := CASE WHEN s.format IS NULL THEN last_value::text
+                 ELSE {{schema}}.render(s.format, last_value, seq_scope, local_at) END;
+    RETURN NEXT;
+    RETURN;
+  END IF;
   RETURN QUERY
-    SELECT v, {{schema}}.render(s.format, v, seq_scope, local_at),
-           CASE WHEN s.reset = 'never' THEN NULL ELSE to_char(p, 'YYYY-MM-DD') END
+    SELECT v, CASE WHEN s.format IS NULL THEN v::text ELSE {{schema}}.render(s.format, v, seq_scope, local_at) END,
+           period
     FROM (SELECT {{schema}}.value_after(s, prev, i) AS v FROM generate_series(1, how_many) AS i) AS issued;
+END $$;
+
+-- Many standalone requests in one statement: request i asks for counts[i] values of
+-- names[i] for scopes[i] at ats[i] (NULL: now()). Returns each request's values in order,
+-- tagged with i. Requests that land on the same counter row share one update, in request
+-- order. Rows are locked in (sequence, scope, period) order, so two batches never deadlock;
+-- a short local lock_timeout makes a batch give way to a transaction holding one of its rows
+-- (the caller then serves those requests one statement each), so a batch can never be what
+-- makes a caller's own transaction fail.
+CREATE FUNCTION {{schema}}.take_many(names text[], scopes text[], ats timestamptz[], counts integer[])
+RETURNS TABLE (request integer, value bigint, text text, period text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+  missing text;
+  caller_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+  IF cardinality(names) IS DISTINCT FROM cardinality(scopes) OR cardinality(names) IS DISTINCT FROM cardinality(ats)
+     OR cardinality(names) IS DISTINCT FROM cardinality(counts)
+     OR array_position(names, NULL) IS NOT NULL OR array_position(scopes, NULL) IS NOT NULL
+     OR EXISTS (SELECT 1 FROM unnest(counts) AS n WHERE n IS NULL OR n < 1 OR n > 1000000) THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003',
+      MESSAGE = 'take_many needs arrays of equal length, with no null name or scope, and counts from 1 to 1000000';
+  END IF;
+  SELECT n INTO missing FROM unnest(names) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.sequences AS d WHERE d.name = n AND d.kind = 'gapless') LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX001', MESSAGE = format('The sequence %L does not exist or is not gapless', missing);
+  END IF;
+  PERFORM set_config('lock_timeout', '50ms', true);
+
+  RETURN QUERY
+  WITH input AS (
+    SELECT u.i::integer AS request, u.name, u.scope, u.how_many, d AS def,
+           coalesce(u.at, now()) AT TIME ZONE d.time_zone AS local_at
+    FROM unnest(names, scopes, ats, counts) WITH ORDINALITY AS u(name, scope, at, how_many, i)
+    JOIN {{schema}}.sequences AS d ON d.name = u.name
+  ), keyed AS (
+    SELECT i.*, CASE WHEN (i.def).reset = 'never' THEN '-infinity'::date
+                     ELSE date_trunc((i.def).reset, i.local_at)::date END AS p
+    FROM input AS i
+  ), placed AS (
+    -- How many values earlier requests on the same row take before this one.
+    SELECT k.*, sum(k.how_many) OVER (PARTITION BY k.name, k.scope, k.p ORDER BY k.request) - k.how_many AS before
+    FROM keyed AS k
+  ), grouped AS (
+    SELECT k.name, k.scope, k.p, sum(k.how_many)::bigint AS total FROM keyed AS k GROUP BY k.name, k.scope, k.p
+  ), upserted AS (
+    INSERT INTO {{schema}}.counters AS c (sequence, scope, period, value, previous)
+    SELECT g.name, g.scope, g.p, {{schema}}.value_after(d, NULL, g.total), NULL
+    FROM grouped AS g JOIN {{schema}}.sequences AS d ON d.name = g.name
+    ORDER BY g.name, g.scope, g.p
+    ON CONFLICT (sequence, scope, period) DO UPDATE
+      SET previous = c.value,
+          value = (SELECT {{schema}}.value_after(d, c.value, g.total)
+                   FROM grouped AS g JOIN {{schema}}.sequences AS d ON d.name = g.name
+                   WHERE g.name = c.sequence AND g.scope = c.scope AND g.p = c.period),
+          updated_at = now()
+    RETURNING c.sequence, c.scope, c.period, c.previous
+  )
+  SELECT pl.request, v.v,
+         CASE WHEN (pl.def).format IS NULL THEN v.v::text
+              ELSE {{schema}}.render((pl.def).format, v.v, pl.scope, pl.local_at) END,
+         CASE WHEN (pl.def).reset = 'never' THEN NULL ELSE to_char(pl.p, 'YYYY-MM-DD') END
+  FROM placed AS pl
+  JOIN upserted AS up ON up.sequence = pl.name AND up.scope = pl.scope AND up.period = pl.p
+  CROSS JOIN LATERAL (
+    SELECT j, {{schema}}.value_after(pl.def, up.previous, pl.before + j) AS v FROM generate_series(1, pl.how_many) AS j
+  ) AS v
+  ORDER BY pl.request, v.j;
+  -- A caller's own transaction keeps its own setting.
+  PERFORM set_config('lock_timeout', caller_lock_timeout, true);
 END $$;
 
 CREATE FUNCTION {{schema}}.nextval(seq_name text, seq_scope text DEFAULT '', at timestamptz DEFAULT now())

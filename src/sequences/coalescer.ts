@@ -8,82 +8,137 @@ export interface Issued {
   scope: string;
 }
 
-/** Takes `count` consecutive values in one autocommitted statement. */
-export type TakeMany = (name: string, scope: string, at: string | null, count: number) => Promise<Issued[]>;
+export interface Request {
+  name: string;
+  scope: string;
+  /** ISO timestamp, or null for the statement's now(). */
+  at: string | null;
+  count: number;
+}
+
+/** Takes `count` consecutive values for one request, in one autocommitted statement. */
+export type TakeOne = (request: Request) => Promise<Issued[]>;
+/** Serves many requests in one autocommitted statement; result i answers request i. */
+export type TakeBatch = (requests: Request[]) => Promise<Issued[][]>;
 
 interface Waiter {
   resolve(issued: Issued): void;
   reject(error: unknown): void;
 }
 
-interface Key {
-  name: string;
-  scope: string;
-  at: string | null;
+interface Group {
+  key: Omit<Request, 'count'>;
+  waiters: Waiter[];
 }
 
 /**
- * Standalone calls for the same (sequence, scope, at) share statements: while one statement
- * is in flight, new callers queue; when it returns, one statement takes as many values as
- * callers wait. Each caller gets its own number, in arrival order, and none is skipped,
- * because the values a statement takes are exactly the values it hands out.
+ * Standalone calls share statements. Calls queue while `maxInFlight` statements run; the next
+ * statement serves every queued call at once, grouped by (sequence, scope, at): one request
+ * per group asks for as many values as the group has callers. Each caller gets its own
+ * number, in arrival order within its group, and none is skipped, because a statement takes
+ * exactly the values it hands out.
  */
 export class Coalescer {
-  private readonly queues = new Map<string, Waiter[]>();
-  private readonly draining = new Set<Promise<void>>();
+  private queue = new Map<string, Group>();
+  private queued = 0;
+  private inFlight = 0;
+  private scheduled = false;
+  private readonly running = new Set<Promise<void>>();
 
   constructor(
-    private readonly takeMany: TakeMany,
+    private readonly takeOne: TakeOne,
+    private readonly takeBatch: TakeBatch,
+    private readonly maxInFlight = 2,
     private readonly maxBatch = 1000,
   ) {}
 
   take(name: string, scope: string, at: string | null): Promise<Issued> {
     const id = `${name}\u0000${scope}\u0000${at ?? ''}`;
     return new Promise<Issued>((resolve, reject) => {
-      const queue = this.queues.get(id);
-      if (queue) {
-        queue.push({ resolve, reject });
-        return;
+      let group = this.queue.get(id);
+      if (!group) {
+        group = { key: { name, scope, at }, waiters: [] };
+        this.queue.set(id, group);
       }
-      const fresh: Waiter[] = [{ resolve, reject }];
-      this.queues.set(id, fresh);
-      const done = this.drain(id, { name, scope, at }, fresh).finally(() => this.draining.delete(done));
-      this.draining.add(done);
+      group.waiters.push({ resolve, reject });
+      this.queued++;
+      this.schedule();
     });
   }
 
   /** Resolves when every queued caller has been answered. */
   async idle(): Promise<void> {
-    while (this.draining.size > 0) await Promise.all(this.draining);
+    while (this.running.size > 0 || this.queued > 0) {
+      if (this.running.size === 0) await Promise.resolve();
+      else await Promise.all(this.running);
+    }
   }
 
-  private async drain(id: string, key: Key, queue: Waiter[]): Promise<void> {
-    while (queue.length > 0) {
-      const batch = queue.splice(0, this.maxBatch);
-      try {
-        const issued = await this.takeMany(key.name, key.scope, key.at, batch.length);
-        for (const [i, w] of batch.entries()) w.resolve(issued[i]!);
-      } catch (error) {
-        if (batch.length > 1 && error instanceof OrdoError && error.code === 'sequence_exhausted') {
-          // The batch asked for more than is left: serve callers one by one, so each value
-          // still left goes to a caller and only the rest are refused.
-          await this.oneByOne(key, batch);
-        } else {
-          for (const w of batch) w.reject(error);
+  /** Calls made in the same tick go out together: dispatch after the current microtasks. */
+  private schedule(): void {
+    if (this.scheduled || this.inFlight >= this.maxInFlight) return;
+    this.scheduled = true;
+    queueMicrotask(() => {
+      this.scheduled = false;
+      this.dispatch();
+    });
+  }
+
+  private dispatch(): void {
+    if (this.queued === 0 || this.inFlight >= this.maxInFlight) return;
+    const batch: Group[] = [];
+    let size = 0;
+    for (const [id, group] of this.queue) {
+      if (size >= this.maxBatch) break;
+      const room = this.maxBatch - size;
+      if (group.waiters.length <= room) {
+        this.queue.delete(id);
+        batch.push(group);
+        size += group.waiters.length;
+      } else {
+        batch.push({ key: group.key, waiters: group.waiters.splice(0, room) });
+        size += room;
+      }
+    }
+    this.queued -= size;
+    this.inFlight++;
+    const done = this.serve(batch).finally(() => {
+      this.running.delete(done);
+      this.inFlight--;
+      this.schedule();
+    });
+    this.running.add(done);
+    this.schedule();
+  }
+
+  private async serve(batch: Group[]): Promise<void> {
+    if (batch.length === 1) return this.serveGroup(batch[0]!);
+    try {
+      const results = await this.takeBatch(batch.map((g) => ({ ...g.key, count: g.waiters.length })));
+      batch.forEach((g, i) => answer(g, results[i]!));
+    } catch {
+      // One request failed (an unknown sequence, an exhausted one, a row held by a transaction):
+      // serve each group on its own, so every caller gets its own answer.
+      await Promise.all(batch.map((g) => this.serveGroup(g)));
+    }
+  }
+
+  private async serveGroup(group: Group): Promise<void> {
+    try {
+      answer(group, await this.takeOne({ ...group.key, count: group.waiters.length }));
+    } catch (error) {
+      if (group.waiters.length > 1 && error instanceof OrdoError && error.code === 'sequence_exhausted') {
+        // More was asked than is left: one by one, so each value still left goes to a caller.
+        for (const w of group.waiters) {
+          await this.takeOne({ ...group.key, count: 1 }).then(([issued]) => w.resolve(issued!), w.reject);
         }
+      } else {
+        for (const w of group.waiters) w.reject(error);
       }
     }
-    this.queues.delete(id);
   }
+}
 
-  private async oneByOne(key: Key, batch: Waiter[]): Promise<void> {
-    for (const w of batch) {
-      try {
-        const [issued] = await this.takeMany(key.name, key.scope, key.at, 1);
-        w.resolve(issued!);
-      } catch (error) {
-        w.reject(error);
-      }
-    }
-  }
+function answer(group: Group, issued: Issued[]): void {
+  for (const [i, w] of group.waiters.entries()) w.resolve(issued[i]!);
 }

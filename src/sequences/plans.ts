@@ -23,6 +23,8 @@ export function sequencePlans(schema: string) {
     remove: `DELETE FROM ${s}.sequences WHERE name = $1 RETURNING name`,
     /** The hot path: `how_many` consecutive values, in order, in one statement. */
     take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4)`,
+    /** Coalesced standalone calls for several (sequence, scope, at) at once. */
+    takeMany: `SELECT request, value, text, period FROM ${s}.take_many($1::text[], $2::text[], $3::timestamptz[], $4::integer[])`,
   };
 }
 

@@ -3,7 +3,7 @@ import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
 import { OrdoError, toOrdoError } from '../errors.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
-import { Coalescer, type Issued } from './coalescer.js';
+import { Coalescer, type Issued, type Request } from './coalescer.js';
 import {
   type DefineSequenceOptions,
   type ResetPeriod,
@@ -58,8 +58,12 @@ export class Sequences {
     private readonly ensureOpen: (withTx?: boolean) => void,
     private readonly inFlight: InFlight,
   ) {
-    this.coalescer = new Coalescer((name, scope, at, count) =>
-      this.takeMany(this.pool, name, scope, at, count),
+    // A couple of batches in flight keep the pool busy without splitting callers needlessly.
+    const poolSize = (pool as { options?: { max?: number } }).options?.max ?? 10;
+    this.coalescer = new Coalescer(
+      (r) => this.takeMany(this.pool, r.name, r.scope, r.at, r.count),
+      (requests) => this.takeBatch(requests),
+      Math.max(1, Math.min(4, Math.floor(poolSize / 2))),
     );
   }
 
@@ -158,6 +162,21 @@ export class Sequences {
   ): Promise<Issued[]> {
     const { rows } = await this.run(db, this.plans.take, [name, scope, at, count]);
     return rows.map((r) => ({ value: Number(r.value), text: r.text, period: r.period, scope }));
+  }
+
+  private async takeBatch(requests: Request[]): Promise<Issued[][]> {
+    const { rows } = await this.run(this.pool, this.plans.takeMany, [
+      requests.map((r) => r.name),
+      requests.map((r) => r.scope),
+      requests.map((r) => r.at),
+      requests.map((r) => r.count),
+    ]);
+    const answers: Issued[][] = requests.map(() => []);
+    for (const r of rows) {
+      const i = r.request - 1;
+      answers[i]!.push({ value: Number(r.value), text: r.text, period: r.period, scope: requests[i]!.scope });
+    }
+    return answers;
   }
 
   /** Every statement goes through here: errors become OrdoErrors, and close() waits for it. */
