@@ -286,3 +286,31 @@ describe('coalescing across keys', () => {
     }
   });
 });
+
+describe('batched standalone calls at the edges', () => {
+  it('wraps a cycling sequence inside one batch, per key, in arrival order', async () => {
+    await ordo.sequences.define({ name: 'wrapping', start: 1, maxValue: 3, cycle: true });
+    // Same tick: one take_many for both scopes, 7 values for 'x' (wrapping twice) and 4 for 'y'.
+    const calls = ['x', 'y', 'x', 'x', 'y', 'x', 'x', 'y', 'x', 'y', 'x'].map((scope) =>
+      ordo.sequences.next('wrapping', { scope }),
+    );
+    const issued = await Promise.all(calls);
+    const of = (scope: string) => issued.filter((i) => i.scope === scope).map((i) => i.value);
+    expect(of('x')).toEqual([1, 2, 3, 1, 2, 3, 1]);
+    expect(of('y')).toEqual([1, 2, 3, 1]);
+  });
+
+  it('an exhausted key in a batch does not stop the other keys, and its last values still go out', async () => {
+    await ordo.sequences.define({ name: 'small', maxValue: 2 });
+    await ordo.sequences.define({ name: 'roomy' });
+    const calls = [
+      ...range(1, 4).map(() => ordo.sequences.next('small', { scope: 's' })),
+      ...range(1, 3).map(() => ordo.sequences.next('roomy', { scope: 'r' })),
+    ];
+    const settled = await Promise.allSettled(calls);
+    const values = settled.map((r) =>
+      r.status === 'fulfilled' ? r.value.value : (r.reason as { code: string }).code,
+    );
+    expect(values).toEqual([1, 2, 'sequence_exhausted', 'sequence_exhausted', 1, 2, 3]);
+  });
+});

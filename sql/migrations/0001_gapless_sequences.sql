@@ -201,41 +201,57 @@ BEGIN
 
   RETURN QUERY
   WITH input AS (
-    SELECT u.i::integer AS request, u.name, u.scope, u.how_many, d AS def,
+    SELECT u.i::integer AS request, u.name, u.scope, u.how_many::bigint AS how_many, d AS def,
+           d.start, d.increment, d.max_value, d.reset, d.format,
            coalesce(u.at, now()) AT TIME ZONE d.time_zone AS local_at
     FROM unnest(names, scopes, ats, counts) WITH ORDINALITY AS u(name, scope, at, how_many, i)
     JOIN {{schema}}.sequences AS d ON d.name = u.name
   ), keyed AS (
-    SELECT i.*, CASE WHEN (i.def).reset = 'never' THEN '-infinity'::date
-                     ELSE date_trunc((i.def).reset, i.local_at)::date END AS p
+    SELECT i.*, CASE WHEN i.reset = 'never' THEN '-infinity'::date ELSE date_trunc(i.reset, i.local_at)::date END AS p
     FROM input AS i
   ), placed AS (
     -- How many values earlier requests on the same row take before this one.
-    SELECT k.*, sum(k.how_many) OVER (PARTITION BY k.name, k.scope, k.p ORDER BY k.request) - k.how_many AS before
+    SELECT k.*, (sum(k.how_many) OVER (PARTITION BY k.name, k.scope, k.p ORDER BY k.request) - k.how_many)::bigint AS before
     FROM keyed AS k
   ), grouped AS (
-    SELECT k.name, k.scope, k.p, sum(k.how_many)::bigint AS total FROM keyed AS k GROUP BY k.name, k.scope, k.p
+    SELECT k.name, k.scope, k.p, (array_agg(k.def))[1] AS def, min(k.start) AS start, min(k.max_value) AS max_value,
+           -- NULL when it would overflow: comparisons with it fail and value_after() decides.
+           CASE WHEN min(k.increment) <= 9007199254740991 / sum(k.how_many) THEN min(k.increment) * sum(k.how_many) END::bigint AS step,
+           min(k.increment) AS increment, sum(k.how_many)::bigint AS total
+    FROM keyed AS k GROUP BY k.name, k.scope, k.p
   ), upserted AS (
     INSERT INTO {{schema}}.counters AS c (sequence, scope, period, value, previous)
-    SELECT g.name, g.scope, g.p, {{schema}}.value_after(d, NULL, g.total), NULL
-    FROM grouped AS g JOIN {{schema}}.sequences AS d ON d.name = g.name
+    SELECT g.name, g.scope, g.p,
+           CASE WHEN g.start <= g.max_value - (g.step - g.increment) THEN g.start + (g.step - g.increment)
+                ELSE {{schema}}.value_after(g.def, NULL, g.total) END,
+           NULL
+    FROM grouped AS g
     ORDER BY g.name, g.scope, g.p
     ON CONFLICT (sequence, scope, period) DO UPDATE
       SET previous = c.value,
-          value = (SELECT {{schema}}.value_after(d, c.value, g.total)
-                   FROM grouped AS g JOIN {{schema}}.sequences AS d ON d.name = g.name
-                   WHERE g.name = c.sequence AND g.scope = c.scope AND g.p = c.period),
+          value = (SELECT CASE WHEN c.value <= g.max_value - g.step THEN c.value + g.step
+                               ELSE {{schema}}.value_after(g.def, c.value, g.total) END
+                   FROM grouped AS g WHERE g.name = c.sequence AND g.scope = c.scope AND g.p = c.period),
           updated_at = now()
     RETURNING c.sequence, c.scope, c.period, c.previous
   )
   SELECT pl.request, v.v,
-         CASE WHEN (pl.def).format IS NULL THEN v.v::text
-              ELSE {{schema}}.render((pl.def).format, v.v, pl.scope, pl.local_at) END,
-         CASE WHEN (pl.def).reset = 'never' THEN NULL ELSE to_char(pl.p, 'YYYY-MM-DD') END
+         CASE WHEN pl.format IS NULL THEN v.v::text ELSE {{schema}}.render(pl.format, v.v, pl.scope, pl.local_at) END,
+         CASE WHEN pl.reset = 'never' THEN NULL ELSE to_char(pl.p, 'YYYY-MM-DD') END
   FROM placed AS pl
   JOIN upserted AS up ON up.sequence = pl.name AND up.scope = pl.scope AND up.period = pl.p
   CROSS JOIN LATERAL (
-    SELECT j, {{schema}}.value_after(pl.def, up.previous, pl.before + j) AS v FROM generate_series(1, pl.how_many) AS j
+    -- The (before + j)-th value after `previous`: arithmetic when it cannot wrap, else value_after().
+    SELECT j,
+           CASE
+             WHEN pl.increment > 9007199254740991 / (pl.before + j) THEN {{schema}}.value_after(pl.def, up.previous, pl.before + j)
+             WHEN up.previous IS NULL AND pl.start <= pl.max_value - (pl.before + j - 1) * pl.increment
+               THEN pl.start + (pl.before + j - 1) * pl.increment
+             WHEN up.previous IS NOT NULL AND up.previous <= pl.max_value - (pl.before + j) * pl.increment
+               THEN up.previous + (pl.before + j) * pl.increment
+             ELSE {{schema}}.value_after(pl.def, up.previous, pl.before + j)
+           END AS v
+    FROM generate_series(1, pl.how_many) AS j
   ) AS v
   ORDER BY pl.request, v.j;
   -- A caller's own transaction keeps its own setting.
