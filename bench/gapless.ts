@@ -151,16 +151,8 @@ async function run(ctx: BenchContext): Promise<Table[]> {
 
     const rows: (Row | null)[] = [];
     const goals: string[][] = [];
-    // With synchronous_commit off the WAL flush at COMMIT (which dominates every variant equally on
-    // this machine's disk) is out of the way, and what differs between the variants shows.
-    const modes = [
-      { keys: HOT, asyncCommit: false },
-      { keys: MANY, asyncCommit: false },
-      { keys: { ...HOT, label: 'hot, async commit' }, asyncCommit: true },
-      { keys: { ...MANY, label: `${KEY_COUNT} keys, async commit` }, asyncCommit: true },
-    ];
-    for (const { keys, asyncCommit } of modes) {
-      const [a, b, c] = await inTransaction(ctx, admin, ordo, keys, asyncCommit);
+    for (const keys of [HOT, MANY]) {
+      const [a, b, c] = await inTransaction(ctx, admin, ordo, keys);
       rows.push(a, b, c, null);
       goals.push(goal('(a) ≥ 0.9 × (b)', keys, a.load.opsPerSecond / b.load.opsPerSecond, 0.9));
       goals.push(goal('(a) ≥ 1.3 × (c)', keys, a.load.opsPerSecond / c.load.opsPerSecond, 1.3));
@@ -192,7 +184,6 @@ async function run(ctx: BenchContext): Promise<Table[]> {
         notes: [
           '(a)–(c): one op = BEGIN; take the number of a key for today; INSERT the invoice; COMMIT. "hot": every op on one key;',
           `  "${KEY_COUNT} keys": a key drawn at random per op. (b) is a hand-written INSERT … ON CONFLICT DO UPDATE … RETURNING on a bare table.`,
-          '"async commit": the same with synchronous_commit = off, so the disk flush at COMMIT does not hide the rest.',
           '(d): one op = one value; ordo standalone calls queued while statements are in flight share the next statement,',
           '  across keys (take_many); with one caller waiting per key, a statement still updates one row per value.',
           'verified: committed numbers per key (and day) are exactly 1..n, no gap, no duplicate, n = the stored counter.',
@@ -235,12 +226,10 @@ async function inTransaction(
   admin: pg.Pool,
   ordo: Ordo,
   keys: Keys,
-  asyncCommit: boolean,
 ): Promise<[Row, Row, Row]> {
   await reset(admin);
   const pool = await openPool(ctx.url, TX_WORKERS, 'ordo-bench');
   const clients = await Promise.all(Array.from({ length: TX_WORKERS }, () => pool.connect()));
-  if (asyncCommit) await Promise.all(clients.map((c) => c.query('SET synchronous_commit = off')));
   // A connection ended under a checked-out client (server stopped on Ctrl-C) fails its query;
   // without a listener the client's 'error' event would also crash the process.
   for (const c of clients) c.on('error', () => undefined);
