@@ -40,6 +40,7 @@ const SQLSTATE_CODES: Record<string, OrdoErrorCode> = {
   OX001: 'sequence_not_found',
   OX002: 'sequence_exhausted',
   OX003: 'invalid_argument',
+  OX004: 'invalid_argument', // the other kind: callers with a cached definition refresh it first
   '22003': 'invalid_argument', // numeric_value_out_of_range
   '22008': 'invalid_argument', // datetime_field_overflow
   '22009': 'invalid_argument', // invalid_time_zone_displacement_value

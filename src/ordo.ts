@@ -30,6 +30,8 @@ export class Ordo {
       sequencePlans(config.schema),
       (withTx) => this.ensureOpen(withTx),
       this.inFlight,
+      config.nodeId,
+      () => this.closing !== undefined,
     );
   }
 
@@ -64,6 +66,11 @@ export class Ordo {
 
   /** The next value of a sequence, as a number. */
   async nextval(name: string, options?: NextOptions): Promise<number> {
+    // Batched values already in memory: no validation, lookup or I/O beyond a map read.
+    if (options === undefined && this.closing === undefined) {
+      const value = this.sequences.takeNow(name);
+      if (value !== undefined) return value;
+    }
     return (await this.sequences.next(name, options)).value;
   }
 
@@ -80,6 +87,7 @@ export class Ordo {
     this.closing ??= (async () => {
       await this.sequences.idle();
       await this.inFlight.idle();
+      await this.sequences.close();
       this.closed = true;
       if (this.ownsPool) await this.pool.end();
       await this.embedded?.stop();

@@ -1,77 +1,142 @@
+import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { OrdoError } from '../src/errors.js';
-import { Coalescer, type Issued } from '../src/sequences/coalescer.js';
+import { Coalescer, type Issued, type Request, type TakeOne } from '../src/sequences/coalescer.js';
 
-interface Call {
-  name: string;
-  scope: string;
-  at: string | null;
-  count: number;
+type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown };
+
+/** One statement the coalescer sent: takeOne (one request) or takeBatch (several). */
+interface Statement {
+  kind: 'one' | 'batch';
+  requests: Request[];
+  outcome?: Outcome<Issued[][]>;
 }
 
 interface Gate {
-  call: Call;
+  statement: Statement;
   open(): void;
   fail(error: unknown): void;
 }
 
+interface FakeOptions {
+  /** Every statement waits until the test opens (or fails) it: the test decides what is in flight. */
+  gated?: boolean;
+  /** Highest value per sequence name; past it, sequence_exhausted. */
+  limits?: Record<string, number>;
+  /** Sequence names that do not exist: sequence_not_found. */
+  unknown?: string[];
+  /** When set, every takeBatch throws this (after its gate, if gated). */
+  batchError?: unknown;
+}
+
 /**
- * An in-memory gapless counter with the same contract as the SQL `take`: `count` consecutive
- * values per (name, scope, at), all or nothing, and sequence_exhausted past `max`. When
- * `gated`, every statement waits until the test opens (or fails) it, so the test decides what
- * is "in flight".
+ * An in-memory gapless counter per (name, scope, at), with the contract of the SQL behind
+ * takeOne and takeBatch: a statement takes exactly `count` consecutive values per request, all
+ * or nothing (one failing request fails the whole statement), and values are decided when the
+ * statement runs, that is when its gate opens.
  */
-class Counter {
-  readonly calls: Call[] = [];
+class FakeDb {
+  readonly statements: Statement[] = [];
   readonly gates: Gate[] = [];
+  /** Statements started and not finished, now and at most. */
+  open = 0;
+  maxOpen = 0;
   private readonly last = new Map<string, number>();
 
-  constructor(private readonly options: { max?: number; gated?: boolean } = {}) {}
+  constructor(private readonly options: FakeOptions = {}) {}
 
-  readonly takeMany = async (name: string, scope: string, at: string | null, count: number) => {
-    const call = { name, scope, at, count };
-    this.calls.push(call);
-    if (this.options.gated) {
-      await new Promise<void>((open, fail) => this.gates.push({ call, open, fail }));
-    }
-    const key = `${name}|${scope}|${at}`;
-    const last = this.last.get(key) ?? 0;
-    const max = this.options.max ?? Number.MAX_SAFE_INTEGER;
-    if (last + count > max) {
-      throw new OrdoError('sequence_exhausted', `The sequence '${name}' is exhausted at ${max}`);
-    }
-    this.last.set(key, last + count);
-    return Array.from(
-      { length: count },
-      (_, i): Issued => ({ value: last + i + 1, text: `${name}-${last + i + 1}`, period: null, scope }),
-    );
-  };
+  readonly takeOne: TakeOne = async (request) => (await this.run('one', [request]))[0]!;
+  readonly takeBatch = (requests: Request[]) => this.run('batch', requests);
 
-  /** Opens the oldest gate still closed. */
-  openNext(): Call {
-    const gate = this.gates.shift();
-    if (!gate) throw new Error('no statement is waiting');
-    gate.open();
-    return gate.call;
+  private async run(kind: Statement['kind'], requests: Request[]): Promise<Issued[][]> {
+    const statement: Statement = { kind, requests: requests.map((r) => ({ ...r })) };
+    this.statements.push(statement);
+    this.open++;
+    this.maxOpen = Math.max(this.maxOpen, this.open);
+    try {
+      if (this.options.gated) {
+        await new Promise<void>((open, fail) => this.gates.push({ statement, open, fail }));
+      }
+      if (kind === 'batch' && this.options.batchError !== undefined) throw this.options.batchError;
+      const value = this.execute(requests);
+      statement.outcome = { ok: true, value };
+      return value;
+    } catch (error) {
+      statement.outcome = { ok: false, error };
+      throw error;
+    } finally {
+      this.open--;
+    }
   }
 
-  failNext(error: unknown): Call {
+  private execute(requests: Request[]): Issued[][] {
+    const next = new Map(this.last);
+    const answers = requests.map((r) => {
+      if (this.options.unknown?.includes(r.name)) {
+        throw new OrdoError('sequence_not_found', `The sequence '${r.name}' does not exist`);
+      }
+      const key = `${r.name}|${r.scope}|${r.at}`;
+      const last = next.get(key) ?? 0;
+      const max = this.options.limits?.[r.name] ?? Number.MAX_SAFE_INTEGER;
+      if (last + r.count > max) {
+        throw new OrdoError('sequence_exhausted', `The sequence '${r.name}' is exhausted at ${max}`);
+      }
+      next.set(key, last + r.count);
+      return Array.from({ length: r.count }, (_, i): Issued => {
+        const value = last + i + 1;
+        return { value, text: `${r.name}-${value}`, period: r.at?.slice(0, 10) ?? null, scope: r.scope };
+      });
+    });
+    for (const [key, value] of next) this.last.set(key, value);
+    return answers;
+  }
+
+  /** The statements so far, compactly: 'one a×3', 'batch a×2 b/acme×1 c@2026-01-01×1'. */
+  log(): string[] {
+    return this.statements.map((s) => `${s.kind} ${s.requests.map(label).join(' ')}`);
+  }
+
+  /** Opens the gate at `index` (default: the oldest still closed) and returns its statement. */
+  openAt(index = 0): Statement {
+    const [gate] = this.gates.splice(index, 1);
+    if (!gate) throw new Error(`no statement is waiting at ${index}`);
+    gate.open();
+    return gate.statement;
+  }
+
+  openWhere(match: (line: string) => boolean): Statement {
+    const index = this.gates.findIndex((g) => match(`${g.statement.kind} ${g.statement.requests.map(label).join(' ')}`));
+    return this.openAt(index < 0 ? this.gates.length : index);
+  }
+
+  failNext(error: unknown): Statement {
     const gate = this.gates.shift();
     if (!gate) throw new Error('no statement is waiting');
     gate.fail(error);
-    return gate.call;
+    return gate.statement;
+  }
+
+  /** Opens every statement, oldest first, including those started meanwhile, until none waits. */
+  async drain(): Promise<void> {
+    await settle();
+    while (this.gates.length > 0) {
+      this.openAt(0);
+      await settle();
+    }
   }
 }
 
-/** Lets every pending promise callback and I/O callback run. */
+function label(r: Request): string {
+  return `${r.name}${r.scope ? `/${r.scope}` : ''}${r.at ? `@${r.at.slice(0, 10)}` : ''}×${r.count}`;
+}
+
+/** Lets every pending promise callback run. */
 const settle = () => new Promise<void>((resolve) => setImmediate(resolve));
 
-/** Records how each promise settled, in the order they settled. */
+/** Records how each promise settled, and in what order. */
 function track<T>(promises: Promise<T>[]) {
   const order: number[] = [];
-  const outcomes: ({ ok: true; value: T } | { ok: false; error: unknown } | undefined)[] = promises.map(
-    () => undefined,
-  );
+  const outcomes: (Outcome<T> | undefined)[] = promises.map(() => undefined);
   promises.forEach((p, i) => {
     p.then(
       (value) => {
@@ -87,177 +152,409 @@ function track<T>(promises: Promise<T>[]) {
   return { order, outcomes };
 }
 
+/** Each outcome as its value, its error code, or undefined while pending. */
+function brief(outcomes: (Outcome<Issued> | undefined)[]): (number | string | undefined)[] {
+  return outcomes.map((o) =>
+    o === undefined ? undefined : o.ok ? o.value.value : ((o.error as OrdoError).code ?? 'error'),
+  );
+}
+
 const values = (issued: Issued[]) => issued.map((i) => i.value);
+const take = (c: Coalescer, name: string, n = 1, scope = '', at: string | null = null) =>
+  Array.from({ length: n }, () => c.take(name, scope, at));
 
 describe('Coalescer', () => {
-  it('sends a lone call as a statement of one', async () => {
-    const counter = new Counter();
-    const coalescer = new Coalescer(counter.takeMany);
-    const issued = await coalescer.take('inv', 'acme', null);
-    expect(issued).toEqual({ value: 1, text: 'inv-1', period: null, scope: 'acme' });
-    expect(counter.calls).toEqual([{ name: 'inv', scope: 'acme', at: null, count: 1 }]);
-  });
-
-  it('passes name, scope and at through', async () => {
-    const counter = new Counter();
-    const coalescer = new Coalescer(counter.takeMany);
-    await coalescer.take('inv', 'tenant-7', '2026-03-01T10:00:00.000Z');
-    expect(counter.calls).toEqual([
-      { name: 'inv', scope: 'tenant-7', at: '2026-03-01T10:00:00.000Z', count: 1 },
-    ]);
-  });
-
-  it('batches the calls that arrive while a statement is in flight into one statement', async () => {
-    const counter = new Counter({ gated: true });
-    const coalescer = new Coalescer(counter.takeMany);
-    const first = coalescer.take('inv', '', null);
-    await settle();
-    expect(counter.calls.map((c) => c.count)).toEqual([1]);
-
-    const waiting = [1, 2, 3, 4, 5].map(() => coalescer.take('inv', '', null));
-    await settle();
-    // Still one statement: the five callers wait for the first to come back.
-    expect(counter.calls.map((c) => c.count)).toEqual([1]);
-
-    counter.openNext();
-    expect((await first).value).toBe(1);
-    await settle();
-    expect(counter.calls.map((c) => c.count)).toEqual([1, 5]);
-
-    counter.openNext();
-    expect(values(await Promise.all(waiting))).toEqual([2, 3, 4, 5, 6]);
-    expect(counter.calls).toHaveLength(2);
-  });
-
-  it('answers callers in arrival order, each with its own value, none skipped', async () => {
-    const counter = new Counter({ gated: true });
-    const coalescer = new Coalescer(counter.takeMany);
-    const calls = Array.from({ length: 8 }, () => coalescer.take('inv', '', null));
-    const { order } = track(calls);
-    await settle();
-    counter.openNext(); // the statement of 1
-    await settle();
-    counter.openNext(); // the statement of 7
-    const issued = await Promise.all(calls);
-    expect(values(issued)).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
-    expect(issued.map((i) => i.text)).toEqual(values(issued).map((v) => `inv-${v}`));
-    expect(order).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
-  });
-
-  it('keeps (name, scope, at) apart: different keys never share a statement', async () => {
-    const counter = new Counter({ gated: true });
-    const coalescer = new Coalescer(counter.takeMany);
-    const a1 = coalescer.take('a', '', null);
-    const b1 = coalescer.take('b', '', null);
-    const a2 = coalescer.take('a', 'x', null);
-    const a3 = coalescer.take('a', '', '2026-01-01T00:00:00.000Z');
-    const a4 = coalescer.take('a', '', null);
-    await settle();
-    // Four keys, so four statements in flight at once; a4 waits behind a1.
-    expect(counter.calls).toEqual([
-      { name: 'a', scope: '', at: null, count: 1 },
-      { name: 'b', scope: '', at: null, count: 1 },
-      { name: 'a', scope: 'x', at: null, count: 1 },
-      { name: 'a', scope: '', at: '2026-01-01T00:00:00.000Z', count: 1 },
-    ]);
-    while (counter.gates.length > 0) {
-      counter.openNext();
-      await settle();
-    }
-    const all = await Promise.all([a1, b1, a2, a3, a4]);
-    expect(values(all)).toEqual([1, 1, 1, 1, 2]);
-    expect(all.map((i) => i.scope)).toEqual(['', '', 'x', '', '']);
-    expect(counter.calls).toHaveLength(5);
-  });
-
-  it('splits a long queue into statements of at most maxBatch', async () => {
-    const counter = new Counter({ gated: true });
-    const coalescer = new Coalescer(counter.takeMany, 3);
-    const first = coalescer.take('inv', '', null);
-    await settle();
-    const rest = Array.from({ length: 7 }, () => coalescer.take('inv', '', null));
-    while (counter.gates.length > 0) {
-      counter.openNext();
-      await settle();
-    }
-    expect(values(await Promise.all([first, ...rest]))).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
-    expect(counter.calls.map((c) => c.count)).toEqual([1, 3, 3, 1]);
-  });
-
-  it('a call that arrives after the queue drained starts a new statement', async () => {
-    const counter = new Counter();
-    const coalescer = new Coalescer(counter.takeMany);
-    expect((await coalescer.take('inv', '', null)).value).toBe(1);
-    await coalescer.idle();
-    expect((await coalescer.take('inv', '', null)).value).toBe(2);
-    expect(counter.calls.map((c) => c.count)).toEqual([1, 1]);
-  });
-
-  describe('errors', () => {
-    it('rejects every caller of a failed batch with the same error, without retrying', async () => {
-      const counter = new Counter({ gated: true });
-      const coalescer = new Coalescer(counter.takeMany);
-      const first = coalescer.take('inv', '', null);
-      await settle();
-      const batch = [1, 2, 3].map(() => coalescer.take('inv', '', null));
-      const { outcomes } = track(batch);
-      counter.openNext();
-      await first;
-      await settle();
-      const timeout = new OrdoError('timeout', 'canceling statement due to lock timeout');
-      expect(counter.failNext(timeout).count).toBe(3);
-      await settle();
-      expect(outcomes).toEqual([
-        { ok: false, error: timeout },
-        { ok: false, error: timeout },
-        { ok: false, error: timeout },
+  describe('dispatch', () => {
+    it('sends a lone call alone, through takeOne', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const issued = await c.take('inv', 'acme', null);
+      expect(issued).toEqual({ value: 1, text: 'inv-1', period: null, scope: 'acme' });
+      expect(db.statements).toEqual([
+        {
+          kind: 'one',
+          requests: [{ name: 'inv', scope: 'acme', at: null, count: 1 }],
+          outcome: { ok: true, value: [[issued]] },
+        },
       ]);
-      for (const o of outcomes) expect(o?.ok === false && o.error).toBe(timeout);
-      expect(counter.calls.map((c) => c.count)).toEqual([1, 3]);
     });
 
-    it('propagates errors that are not OrdoErrors as they are', async () => {
-      const counter = new Counter({ gated: true });
-      const coalescer = new Coalescer(counter.takeMany);
-      const calls = [1, 2].map(() => coalescer.take('inv', '', null));
+    it('dispatches in a microtask: nothing inside take(), everything from the same tick after it', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = [c.take('inv', '', null)];
+      expect(db.statements).toHaveLength(0);
+      calls.push(c.take('inv', '', null));
+      expect(db.statements).toHaveLength(0);
+      await Promise.resolve();
+      expect(db.log()).toEqual(['one inv×2']);
+      expect(values(await Promise.all(calls))).toEqual([1, 2]);
+    });
+
+    it('sends the calls of one key made in the same tick as one takeOne of count n, in arrival order', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = take(c, 'inv', 6, 'acme', '2026-03-01T10:00:00.000Z');
+      const { order } = track(calls);
+      const issued = await Promise.all(calls);
+      expect(db.statements.map((s) => [s.kind, s.requests])).toEqual([
+        ['one', [{ name: 'inv', scope: 'acme', at: '2026-03-01T10:00:00.000Z', count: 6 }]],
+      ]);
+      expect(values(issued)).toEqual([1, 2, 3, 4, 5, 6]);
+      expect(issued.map((i) => i.text)).toEqual(['inv-1', 'inv-2', 'inv-3', 'inv-4', 'inv-5', 'inv-6']);
+      expect(order).toEqual([0, 1, 2, 3, 4, 5]);
+    });
+
+    it('sends the calls of several keys made in the same tick as one takeBatch: result i answers request i', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const at = '2026-01-01T00:00:00.000Z';
+      const calls = [
+        c.take('a', '', null),
+        c.take('b', '', null),
+        c.take('a', '', null),
+        c.take('a', 'x', null), // another scope: another key
+        c.take('a', '', at), // another at: another key
+        c.take('b', '', null),
+        c.take('c', '', null),
+        c.take('a', '', null),
+      ];
+      const issued = await Promise.all(calls);
+      // Grouped by (name, scope, at), in order of each key's first caller.
+      expect(db.log()).toEqual(['batch a×3 b×2 a/x×1 a@2026-01-01×1 c×1']);
+      expect(db.statements[0]!.requests[3]).toEqual({ name: 'a', scope: '', at, count: 1 });
+      expect(values(issued)).toEqual([1, 1, 2, 1, 1, 2, 1, 3]);
+      expect(issued.map((i) => `${i.text}/${i.scope}/${i.period}`)).toEqual([
+        'a-1//null',
+        'b-1//null',
+        'a-2//null',
+        'a-1/x/null',
+        'a-1//2026-01-01',
+        'b-2//null',
+        'c-1//null',
+        'a-3//null',
+      ]);
+    });
+
+    it('sends a call made after a dispatch in a statement of its own', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const first = c.take('inv', '', null);
+      await Promise.resolve();
+      const second = c.take('inv', '', null);
+      expect(values(await Promise.all([first, second]))).toEqual([1, 2]);
+      await c.idle();
+      expect((await c.take('inv', '', null)).value).toBe(3);
+      expect(db.log()).toEqual(['one inv×1', 'one inv×1', 'one inv×1']);
+    });
+  });
+
+  describe('maxInFlight', () => {
+    it('1: while a statement is held open, later callers queue, then go out together', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const first = c.take('a', '', null);
+      await settle();
+      expect(db.log()).toEqual(['one a×1']);
+
+      // Callers from three more ticks, two keys.
+      const queued = [c.take('a', '', null), c.take('b', '', null)];
+      await settle();
+      queued.push(c.take('a', '', null));
+      await Promise.resolve();
+      queued.push(c.take('b', '', null));
+      await settle();
+      expect(db.log()).toEqual(['one a×1']);
+
+      db.openAt();
+      expect((await first).value).toBe(1);
+      await settle();
+      expect(db.log()).toEqual(['one a×1', 'batch a×2 b×2']);
+      db.openAt();
+      expect(values(await Promise.all(queued))).toEqual([2, 1, 3, 2]);
+      expect(db.statements).toHaveLength(2);
+      expect(db.maxOpen).toBe(1);
+    });
+
+    it('2: two statements may be open at once, not three', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 2);
+      const first = c.take('a', '', null);
+      await settle();
+      const second = c.take('a', '', null);
+      await settle();
+      expect(db.log()).toEqual(['one a×1', 'one a×1']);
+      expect(db.gates).toHaveLength(2);
+
+      const third = [c.take('a', '', null), c.take('b', '', null)];
+      await settle();
+      const fourth = c.take('b', '', null);
+      await settle();
+      expect(db.statements).toHaveLength(2);
+
+      db.openAt(); // a slot frees: everyone queued meanwhile goes out in one statement
+      await settle();
+      expect(db.log()).toEqual(['one a×1', 'one a×1', 'batch a×1 b×2']);
+      expect(db.gates).toHaveLength(2);
+      await db.drain();
+      expect(values(await Promise.all([first, second, ...third, fourth]))).toEqual([1, 2, 3, 1, 2]);
+      expect(db.maxOpen).toBe(2);
+    });
+
+    it('is 2 by default', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls: Promise<Issued>[] = [];
+      for (let tick = 0; tick < 4; tick++) {
+        calls.push(c.take('a', '', null));
+        await settle();
+      }
+      expect(db.log()).toEqual(['one a×1', 'one a×1']);
+      await db.drain();
+      expect(values(await Promise.all(calls))).toEqual([1, 2, 3, 4]);
+      expect(db.log()).toEqual(['one a×1', 'one a×1', 'one a×2']);
+      expect(db.maxOpen).toBe(2);
+    });
+  });
+
+  describe('order and gaplessness', () => {
+    const KEYS: [string, string, string | null][] = [
+      ['inv', '', null],
+      ['inv', 'acme', null],
+      ['inv', '', '2026-01-01T00:00:00.000Z'],
+      ['po', '', null],
+      ['po', 'acme', null],
+      ['rx', '', null],
+      ['rx', 'globex', '2026-02-01T00:00:00.000Z'],
+    ];
+    const CALLERS = 500;
+
+    const scenario = fc.record({
+      /** The key of each caller, in arrival order. */
+      keys: fc.array(fc.integer({ min: 0, max: KEYS.length - 1 }), {
+        minLength: CALLERS,
+        maxLength: CALLERS,
+      }),
+      /** take: the next n callers arrive in this tick; release: a statement runs; then a tick or a turn. */
+      steps: fc.array(
+        fc.record({ kind: fc.constantFrom('take', 'release', 'microtask', 'settle'), n: fc.nat(40) }),
+        { maxLength: 150 },
+      ),
+      /** Which open statement runs next, when not the oldest. */
+      picks: fc.array(fc.nat(), { minLength: 1, maxLength: 30 }),
+      maxInFlight: fc.integer({ min: 1, max: 3 }),
+      maxBatch: fc.oneof(fc.integer({ min: 1, max: 60 }), fc.constant(1000)),
+    });
+    type Scenario = typeof scenario extends fc.Arbitrary<infer S> ? S : never;
+
+    /** Plays a scenario; statements run oldest first, or in an order the scenario picks. */
+    async function play(s: Scenario, oldestFirst: boolean) {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch, s.maxInFlight, s.maxBatch);
+      const answers: (Issued | undefined)[] = [];
+      const errors: unknown[] = [];
+      let arrived = 0;
+      const arrive = (n: number) => {
+        for (let i = 0; i < n && arrived < CALLERS; i++, arrived++) {
+          const index = arrived;
+          const [name, scope, at] = KEYS[s.keys[index]!]!;
+          c.take(name, scope, at).then(
+            (issued) => {
+              answers[index] = issued;
+            },
+            (error: unknown) => errors.push(error),
+          );
+        }
+      };
+      let pick = 0;
+      const release = () => {
+        if (db.gates.length === 0) return;
+        db.openAt(oldestFirst ? 0 : s.picks[pick++ % s.picks.length]! % db.gates.length);
+      };
+      for (const step of s.steps) {
+        if (step.kind === 'take') arrive(step.n + 1);
+        else if (step.kind === 'release') release();
+        else if (step.kind === 'microtask') await Promise.resolve();
+        else await settle();
+      }
+      arrive(CALLERS);
+      let answeredAtIdle: number | undefined;
+      void c.idle().then(() => {
+        answeredAtIdle = answers.filter((a) => a !== undefined).length + errors.length;
+      });
+      for (let round = 0; answeredAtIdle === undefined; round++) {
+        if (round > 5 * CALLERS) throw new Error('idle() never resolved');
+        release();
+        await settle();
+      }
+      return { db, answers, errors, answeredAtIdle };
+    }
+
+    function check(s: Scenario, result: Awaited<ReturnType<typeof play>>) {
+      const { db, answers, errors, answeredAtIdle } = result;
+      expect(errors).toEqual([]);
+      expect(answeredAtIdle).toBe(CALLERS);
+      expect(db.maxOpen).toBeLessThanOrEqual(s.maxInFlight);
+      expect(db.statements.length).toBeLessThanOrEqual(CALLERS);
+      // Statements take exactly what they hand out: never more values than callers.
+      const taken = db.statements.flatMap((st) => st.requests).reduce((sum, r) => sum + r.count, 0);
+      expect(taken).toBe(CALLERS);
+      for (const st of db.statements) {
+        expect(st.kind).toBe(st.requests.length === 1 ? 'one' : 'batch');
+        expect(st.requests.reduce((sum, r) => sum + r.count, 0)).toBeLessThanOrEqual(s.maxBatch);
+        expect(new Set(st.requests.map(label)).size).toBe(st.requests.length);
+      }
+      // Every caller got a value of its own key.
+      answers.forEach((issued, i) => {
+        const [name, scope, at] = KEYS[s.keys[i]!]!;
+        expect(issued).toMatchObject({ text: `${name}-${issued?.value}`, scope, period: at?.slice(0, 10) ?? null });
+      });
+      // Per key, the answers in arrival order.
+      return KEYS.map((_, k) => answers.filter((_, i) => s.keys[i] === k).map((a) => a!.value));
+    }
+
+    const oneToN = (n: number) => Array.from({ length: n }, (_, i) => i + 1);
+
+    it('statements run in the order sent: every key answers 1..n to its callers in arrival order', async () => {
+      await fc.assert(
+        fc.asyncProperty(scenario, async (s) => {
+          const perKey = check(s, await play(s, true));
+          for (const got of perKey) expect(got).toEqual(oneToN(got.length));
+        }),
+        { numRuns: 60 },
+      );
+    });
+
+    it('statements run in any order: every key hands out exactly 1..n, none skipped or repeated', async () => {
+      await fc.assert(
+        fc.asyncProperty(scenario, async (s) => {
+          const perKey = check(s, await play(s, false));
+          for (const got of perKey) expect([...got].sort((x, y) => x - y)).toEqual(oneToN(got.length));
+        }),
+        { numRuns: 60 },
+      );
+    });
+  });
+
+  describe('maxBatch', () => {
+    it('splits a long queue, splitting a group if it must; the remainder goes out first next time', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 1, 4);
+      const first = c.take('x', '', null);
+      await settle();
+      const queued = [...take(c, 'c', 2), ...take(c, 'a', 5), ...take(c, 'b', 1)];
+      await db.drain();
+      expect(db.log()).toEqual(['one x×1', 'batch c×2 a×2', 'batch a×3 b×1']);
+      expect((await first).value).toBe(1);
+      expect(values(await Promise.all(queued))).toEqual([1, 2, 1, 2, 3, 4, 5, 1]);
+    });
+
+    it('splits one big group into statements of at most maxBatch', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 1, 3);
+      const calls = take(c, 'a', 8);
+      const { order } = track(calls);
+      await db.drain();
+      expect(db.log()).toEqual(['one a×3', 'one a×3', 'one a×2']);
+      expect(values(await Promise.all(calls))).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
+      expect(order).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
+    });
+
+    it('with room in flight, sends the remainder at once, and the rest when a slot frees', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 2, 3);
+      const calls = take(c, 'a', 7);
+      await settle();
+      expect(db.log()).toEqual(['one a×3', 'one a×3']);
+      db.openAt();
+      await settle();
+      expect(db.log()).toEqual(['one a×3', 'one a×3', 'one a×1']);
+      await db.drain();
+      expect(values(await Promise.all(calls))).toEqual([1, 2, 3, 4, 5, 6, 7]);
+      expect(db.maxOpen).toBe(2);
+    });
+  });
+
+  describe('takeBatch failure', () => {
+    it('serves each group through takeOne on its own: an unknown key is refused, the others answered', async () => {
+      const db = new FakeDb({ unknown: ['nope'] });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = [c.take('a', '', null), c.take('nope', '', null), c.take('b', '', null), c.take('a', '', null)];
+      const results = await Promise.allSettled(calls);
+      expect(db.log()).toEqual(['batch a×2 nope×1 b×1', 'one a×2', 'one nope×1', 'one b×1']);
+      const refusal = db.statements[2]!.outcome;
+      expect(refusal?.ok).toBe(false);
+      expect(results).toEqual([
+        { status: 'fulfilled', value: expect.objectContaining({ text: 'a-1' }) },
+        // The error takeOne threw for that group, as it is.
+        { status: 'rejected', reason: refusal?.ok === false ? refusal.error : 'no error' },
+        { status: 'fulfilled', value: expect.objectContaining({ text: 'b-1' }) },
+        { status: 'fulfilled', value: expect.objectContaining({ text: 'a-2' }) },
+      ]);
+      expect(((results[1] as PromiseRejectedResult).reason as OrdoError).code).toBe('sequence_not_found');
+    });
+
+    it.each([
+      ['an OrdoError', new OrdoError('timeout', 'canceling statement due to lock timeout')],
+      ['a plain Error', new TypeError('cannot read properties of undefined')],
+      ['a string', 'connection reset'],
+    ])('falls back whatever it throws: %s', async (_, thrown) => {
+      const db = new FakeDb({ batchError: thrown });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = [...take(c, 'a', 2), ...take(c, 'b', 1)];
+      expect(values(await Promise.all(calls))).toEqual([1, 2, 1]);
+      expect(db.log()).toEqual(['batch a×2 b×1', 'one a×2', 'one b×1']);
+      expect(db.statements[0]!.outcome).toEqual({ ok: false, error: thrown });
+    });
+
+    it('runs the fallback statements in parallel, each answering its own group', async () => {
+      const db = new FakeDb({ gated: true, unknown: ['nope'] });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const calls = [c.take('a', '', null), c.take('nope', '', null), c.take('b', '', null)];
       const { outcomes } = track(calls);
       await settle();
-      const boom = new Error('boom');
-      counter.failNext(boom);
+      db.openAt(); // the batch fails
       await settle();
-      expect(outcomes[0]).toEqual({ ok: false, error: boom });
-      expect(outcomes[1]).toBeUndefined();
-      counter.failNext(boom);
+      expect(db.log()).toEqual(['batch a×1 nope×1 b×1', 'one a×1', 'one nope×1', 'one b×1']);
+      expect(db.gates).toHaveLength(3);
+      // Within the dispatch's one slot: a caller arriving now still waits.
+      const late = c.take('a', '', null);
       await settle();
-      expect(outcomes[1]).toEqual({ ok: false, error: boom });
-      expect(counter.calls.map((c) => c.count)).toEqual([1, 1]);
+      expect(db.statements).toHaveLength(4);
+
+      db.openWhere((line) => line === 'one b×1');
+      await settle();
+      expect(brief(outcomes)).toEqual([undefined, undefined, 1]);
+      db.openWhere((line) => line === 'one nope×1');
+      await settle();
+      expect(brief(outcomes)).toEqual([undefined, 'sequence_not_found', 1]);
+      await db.drain();
+      expect(brief(outcomes)).toEqual([1, 'sequence_not_found', 1]);
+      expect((await late).value).toBe(2);
+      expect(db.log().slice(4)).toEqual(['one a×1']);
     });
 
-    it('keeps serving the callers queued behind a failed statement', async () => {
-      const counter = new Counter({ gated: true });
-      const coalescer = new Coalescer(counter.takeMany);
-      const failing = coalescer.take('inv', '', null);
-      const { outcomes } = track([failing]);
-      await settle();
-      const later = [1, 2].map(() => coalescer.take('inv', '', null));
-      counter.failNext(new OrdoError('database_unavailable', 'Connection terminated'));
-      await settle();
-      expect(outcomes[0]?.ok).toBe(false);
-      counter.openNext();
-      expect(values(await Promise.all(later))).toEqual([1, 2]);
-      expect(counter.calls.map((c) => c.count)).toEqual([1, 2]);
-    });
-
-    it('a sequence_exhausted batch falls back to one by one: what is left is served, the rest refused', async () => {
-      const counter = new Counter({ max: 4 });
-      const coalescer = new Coalescer(counter.takeMany);
-      // The first call takes 1; the six callers that queue behind it ask for 6 when 3 are left.
-      const calls = Array.from({ length: 7 }, () => coalescer.take('inv', '', null));
+    it('falls back one by one for an exhausted group within the fallback', async () => {
+      const db = new FakeDb({ limits: { e: 2 } });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = [c.take('a', '', null), ...take(c, 'e', 3), c.take('a', '', null)];
       const results = await Promise.allSettled(calls);
-      const served = results.flatMap((r) => (r.status === 'fulfilled' ? [r.value.value] : []));
-      const refused = results.flatMap((r) => (r.status === 'rejected' ? [r.reason] : []));
-      expect(served).toEqual([1, 2, 3, 4]);
-      // Arrival order is kept: the first four callers get the values, the last three are refused.
+      expect(db.log()).toEqual(['batch a×2 e×3', 'one a×2', 'one e×3', 'one e×1', 'one e×1', 'one e×1']);
+      expect(brief(results.map((r) => (r.status === 'fulfilled' ? { ok: true, value: r.value } : { ok: false, error: r.reason })))).toEqual([
+        1,
+        1,
+        2,
+        'sequence_exhausted',
+        2,
+      ]);
+    });
+  });
+
+  describe('sequence_exhausted', () => {
+    it('for a group of k > 1, serves its callers one by one: what is left goes first come, first served', async () => {
+      const db = new FakeDb({ limits: { inv: 4 } });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const results = await Promise.allSettled(take(c, 'inv', 7));
       expect(results.map((r) => r.status)).toEqual([
         'fulfilled',
         'fulfilled',
@@ -267,149 +564,221 @@ describe('Coalescer', () => {
         'rejected',
         'rejected',
       ]);
-      expect(refused).toHaveLength(3);
-      for (const e of refused) {
-        expect(e).toBeInstanceOf(OrdoError);
-        expect((e as OrdoError).code).toBe('sequence_exhausted');
+      expect(results.flatMap((r) => (r.status === 'fulfilled' ? [r.value.value] : []))).toEqual([1, 2, 3, 4]);
+      for (const r of results.slice(4)) {
+        const reason = (r as PromiseRejectedResult).reason;
+        expect(reason).toBeInstanceOf(OrdoError);
+        expect((reason as OrdoError).code).toBe('sequence_exhausted');
       }
-      expect(counter.calls.map((c) => c.count)).toEqual([1, 6, 1, 1, 1, 1, 1, 1]);
+      expect(db.log()).toEqual(['one inv×7', ...Array.from({ length: 7 }, () => 'one inv×1')]);
     });
 
-    it('a sequence_exhausted batch with nothing left refuses everyone', async () => {
-      const counter = new Counter({ max: 1 });
-      const coalescer = new Coalescer(counter.takeMany);
-      const results = await Promise.allSettled(
-        Array.from({ length: 4 }, () => coalescer.take('x', '', null)),
-      );
-      expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'rejected', 'rejected']);
-      for (const r of results.slice(1)) {
+    it('with nothing left, refuses every caller, after k + 1 statements', async () => {
+      const db = new FakeDb({ limits: { x: 0 } });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const results = await Promise.allSettled(take(c, 'x', 3));
+      for (const r of results) {
         expect(r.status === 'rejected' && (r.reason as OrdoError).code).toBe('sequence_exhausted');
       }
+      expect(db.log()).toEqual(['one x×3', 'one x×1', 'one x×1', 'one x×1']);
     });
 
-    it('a sequence_exhausted statement of one is refused at once, with no retry', async () => {
-      const counter = new Counter({ max: 0 });
-      const coalescer = new Coalescer(counter.takeMany);
-      const error = await coalescer.take('x', '', null).catch((e: unknown) => e);
+    it('refuses a group of one at once, with no retry', async () => {
+      const db = new FakeDb({ limits: { x: 0 } });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const error = await c.take('x', '', null).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(OrdoError);
       expect((error as OrdoError).code).toBe('sequence_exhausted');
-      expect(counter.calls.map((c) => c.count)).toEqual([1]);
+      expect(db.log()).toEqual(['one x×1']);
     });
 
-    it('only sequence_exhausted triggers the one-by-one fallback', async () => {
-      const counter = new Counter({ gated: true });
-      const coalescer = new Coalescer(counter.takeMany);
-      const first = coalescer.take('x', '', null);
+    it.each([
+      ['another OrdoError code', new OrdoError('timeout', 'canceling statement due to lock timeout')],
+      ['sequence_not_found', new OrdoError('sequence_not_found', 'The sequence was removed')],
+      ['a plain Error that merely has the code', Object.assign(new Error('exhausted'), { code: 'sequence_exhausted' })],
+    ])('only it triggers the fallback: %s rejects the whole group, without retry', async (_, error) => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = take(c, 'x', 3);
+      const { outcomes } = track(calls);
       await settle();
-      const batch = [1, 2].map(() => coalescer.take('x', '', null));
-      const { outcomes } = track(batch);
-      counter.openNext();
-      await first;
+      db.failNext(error);
       await settle();
-      // An error that merely says "exhausted" but is not an OrdoError with that code.
-      counter.failNext(Object.assign(new Error('exhausted'), { code: 'sequence_exhausted' }));
-      await settle();
-      expect(outcomes.map((o) => o?.ok)).toEqual([false, false]);
-      expect(counter.calls.map((c) => c.count)).toEqual([1, 2]);
-    });
-
-    it('in the fallback, each caller gets its own outcome, in order, and later callers still queue', async () => {
-      const counter = new Counter({ gated: true, max: 3 });
-      const coalescer = new Coalescer(counter.takeMany);
-      const first = coalescer.take('x', '', null);
-      await settle();
-      const batch = [1, 2, 3].map(() => coalescer.take('x', '', null));
-      const { outcomes } = track(batch);
-      counter.openNext(); // 1 → value 1
-      await first;
-      await settle();
-      counter.openNext(); // batch of 3 → only 2 left → exhausted
-      await settle();
-      expect(counter.calls.map((c) => c.count)).toEqual([1, 3, 1]);
-      const late = coalescer.take('x', '', null);
-      const lateOutcome = track([late]).outcomes;
-      counter.openNext(); // one by one: value 2
-      await settle();
-      expect(outcomes.map((o) => o?.ok)).toEqual([true, undefined, undefined]);
-      counter.openNext(); // value 3
-      await settle();
-      counter.openNext(); // exhausted
-      await settle();
-      expect(outcomes.map((o) => (o?.ok ? o.value.value : o && (o.error as OrdoError).code))).toEqual([
-        2,
-        3,
-        'sequence_exhausted',
+      expect(outcomes).toEqual([
+        { ok: false, error },
+        { ok: false, error },
+        { ok: false, error },
       ]);
-      // The late caller was not part of the failed batch: it goes in a statement of its own.
-      expect(lateOutcome[0]).toBeUndefined();
-      counter.openNext();
+      for (const o of outcomes) expect(o?.ok === false && o.error).toBe(error);
+      expect(db.log()).toEqual(['one x×3']);
+    });
+
+    it('in the fallback, each caller gets its own outcome in order; later callers wait for the slot', async () => {
+      const db = new FakeDb({ gated: true, limits: { x: 2 } });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const { outcomes } = track(take(c, 'x', 3));
       await settle();
-      expect(lateOutcome[0]?.ok).toBe(false);
-      expect(counter.calls.map((c) => c.count)).toEqual([1, 3, 1, 1, 1, 1]);
+      db.openAt(); // 3 asked, 2 left: exhausted
+      await settle();
+      expect(db.log()).toEqual(['one x×3', 'one x×1']);
+      const late = track([c.take('x', '', null)]).outcomes;
+      await settle();
+      db.openAt(); // value 1
+      await settle();
+      expect(brief(outcomes)).toEqual([1, undefined, undefined]);
+      db.openAt(); // value 2
+      await settle();
+      db.openAt(); // exhausted
+      await settle();
+      expect(brief(outcomes)).toEqual([1, 2, 'sequence_exhausted']);
+      // The late caller was not in the group: it goes out on its own once the fallback is over.
+      expect(late[0]).toBeUndefined();
+      expect(db.log()).toEqual(['one x×3', 'one x×1', 'one x×1', 'one x×1', 'one x×1']);
+      db.openAt();
+      await settle();
+      expect(brief(late)).toEqual(['sequence_exhausted']);
+    });
+
+    it('in the fallback, another error refuses only the caller it hit', async () => {
+      const db = new FakeDb({ gated: true, limits: { x: 2 } });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const { outcomes } = track(take(c, 'x', 3));
+      await settle();
+      db.openAt(); // exhausted
+      await settle();
+      db.openAt(); // value 1
+      await settle();
+      const timeout = new OrdoError('timeout', 'canceling statement due to lock timeout');
+      db.failNext(timeout);
+      await settle();
+      db.openAt(); // value 2: the failed statement took nothing
+      await settle();
+      expect(outcomes).toEqual([
+        { ok: true, value: expect.objectContaining({ value: 1 }) },
+        { ok: false, error: timeout },
+        { ok: true, value: expect.objectContaining({ value: 2 }) },
+      ]);
+      expect(db.log()).toEqual(['one x×3', 'one x×1', 'one x×1', 'one x×1']);
     });
   });
 
   describe('idle()', () => {
-    it('resolves at once when nothing is in flight', async () => {
-      const coalescer = new Coalescer(new Counter().takeMany);
-      await expect(coalescer.idle()).resolves.toBeUndefined();
+    it('resolves at once when nothing was asked', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      await expect(c.idle()).resolves.toBeUndefined();
+      expect(db.statements).toHaveLength(0);
     });
 
-    it('waits until every queued caller has been answered, across statements and keys', async () => {
-      const counter = new Counter({ gated: true });
-      const coalescer = new Coalescer(counter.takeMany);
-      const a = coalescer.take('a', '', null);
-      const b = coalescer.take('b', '', null);
-      await settle();
-      const queued = [1, 2].map(() => coalescer.take('a', '', null));
-      const { outcomes } = track([a, b, ...queued]);
-      let idle = false;
-      const waiting = coalescer.idle().then(() => {
-        idle = true;
+    it('waits for a call made in the same tick, not yet dispatched', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const { outcomes } = track([c.take('a', '', null)]);
+      let seen: unknown;
+      const idle = c.idle().then(() => {
+        seen = brief(outcomes);
       });
-
-      counter.openNext(); // a's first statement
       await settle();
-      expect(idle).toBe(false);
-      counter.openNext(); // b
-      await settle();
-      expect(idle).toBe(false);
-      expect(outcomes.map((o) => o?.ok)).toEqual([true, true, undefined, undefined]);
-      counter.openNext(); // a's statement of 2
-      await waiting;
-      expect(idle).toBe(true);
-      expect(outcomes.map((o) => (o?.ok ? o.value.value : undefined))).toEqual([1, 1, 2, 3]);
+      expect(seen).toBeUndefined();
+      db.openAt();
+      await idle;
+      expect(seen).toEqual([1]);
     });
 
-    it('waits for a batch that is failing and falling back', async () => {
-      const counter = new Counter({ gated: true, max: 2 });
-      const coalescer = new Coalescer(counter.takeMany);
-      const calls = Array.from({ length: 4 }, () => coalescer.take('x', '', null));
+    it('waits until every queued caller is answered, across statements and keys', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const calls = [c.take('a', '', null), c.take('b', '', null)];
+      await settle();
+      calls.push(...take(c, 'a', 2));
       const { outcomes } = track(calls);
-      let idle = false;
-      // What the callers had been told at the moment idle() resolved.
-      const seen = coalescer.idle().then(() => {
-        idle = true;
-        return outcomes.map((o) => o?.ok);
+      let seen: unknown;
+      const idle = c.idle().then(() => {
+        seen = brief(outcomes);
       });
-      for (let step = 0; step < 20 && !idle; step++) {
-        if (counter.gates.length > 0) counter.openNext();
-        await settle();
-      }
-      expect(await seen).toEqual([true, true, false, false]);
-      // 1, then 3 (exhausted), then one by one: 1, 1 (exhausted), 1 (exhausted).
-      expect(counter.calls.map((c) => c.count)).toEqual([1, 3, 1, 1, 1]);
+      db.openAt(); // batch a×1 b×1
+      await settle();
+      expect(seen).toBeUndefined();
+      expect(brief(outcomes)).toEqual([1, 1, undefined, undefined]);
+      // A caller arriving while idle() waits is waited for too.
+      calls.push(c.take('b', '', null));
+      const later = track([calls[4]!]).outcomes;
+      db.openAt(); // a×2
+      await settle();
+      expect(seen).toBeUndefined();
+      db.openAt(); // b×1
+      await idle;
+      expect(seen).toEqual([1, 1, 2, 3]);
+      expect(brief(later)).toEqual([2]);
+      expect(db.log()).toEqual(['batch a×1 b×1', 'one a×2', 'one b×1']);
     });
 
-    it('resolves when the calls fail too, and never rejects', async () => {
-      const counter = new Counter({ gated: true });
-      const coalescer = new Coalescer(counter.takeMany);
-      const call = coalescer.take('x', '', null).catch((e: unknown) => e);
-      const waiting = coalescer.idle();
-      await settle();
-      counter.failNext(new Error('boom'));
-      await expect(waiting).resolves.toBeUndefined();
-      expect(await call).toEqual(new Error('boom'));
+    it('waits for a failed takeBatch and every fallback, and resolves although callers were refused', async () => {
+      const db = new FakeDb({ gated: true, limits: { e: 1 }, unknown: ['nope'] });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = [c.take('a', '', null), ...take(c, 'e', 2), c.take('nope', '', null)];
+      const { outcomes } = track(calls);
+      let seen: unknown;
+      const idle = c.idle().then(() => {
+        seen = brief(outcomes);
+      });
+      for (let step = 0; step < 20 && seen === undefined; step++) {
+        await settle();
+        if (db.gates.length > 0 && seen === undefined) {
+          expect(outcomes.some((o) => o === undefined)).toBe(true);
+          db.openAt();
+        }
+      }
+      await expect(idle).resolves.toBeUndefined();
+      expect(seen).toEqual([1, 1, 'sequence_exhausted', 'sequence_not_found']);
+      expect(db.log()).toEqual([
+        'batch a×1 e×2 nope×1',
+        'one a×1',
+        'one e×2',
+        'one nope×1',
+        'one e×1',
+        'one e×1',
+      ]);
+    });
+
+    it('never rejects, even when every statement fails', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = [c.take('a', '', null), c.take('b', '', null)].map((p) => p.catch((e: unknown) => e));
+      const idle = c.idle();
+      const boom = new Error('boom');
+      for (let step = 0; step < 5; step++) {
+        await settle();
+        while (db.gates.length > 0) db.failNext(boom);
+      }
+      await expect(idle).resolves.toBeUndefined();
+      expect(await Promise.all(calls)).toEqual([boom, boom]);
+      expect(db.log()).toEqual(['batch a×1 b×1', 'one a×1', 'one b×1']);
+    });
+  });
+
+  describe('suspected bugs', () => {
+    // takeOne is typed to return a promise, but nothing stops it from throwing synchronously.
+    // serve() copes with that for the first takeOne and for takeBatch (both are called inside a
+    // try), but not for the one-by-one fallback: the throw escapes serveGroup, the callers of the
+    // group are never answered, and idle() rejects.
+    it.fails('a takeOne that throws synchronously in the one-by-one fallback refuses the callers', async () => {
+      const unavailable = new OrdoError('database_unavailable', 'Cannot use a pool after calling end');
+      const takeOne: TakeOne = (request) => {
+        if (request.count > 1) return Promise.reject(new OrdoError('sequence_exhausted', 'exhausted'));
+        throw unavailable;
+      };
+      const c = new Coalescer(takeOne, () => Promise.reject(new Error('unused')), 1);
+      const { outcomes } = track(take(c, 'x', 2));
+      const idle = c.idle().then(
+        () => 'resolved',
+        (error: unknown) => error,
+      );
+      expect(await idle).toBe('resolved');
+      expect(outcomes).toEqual([
+        { ok: false, error: unavailable },
+        { ok: false, error: unavailable },
+      ]);
     });
   });
 });

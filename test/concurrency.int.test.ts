@@ -202,10 +202,18 @@ describe('remove while values are being taken', () => {
     const remover = await raw.connect();
     await remover.query('BEGIN');
     await remover.query("DELETE FROM ordo.sequences WHERE name = 'doomed'");
-    // These still see the definition, so they try to create counter rows; the foreign-key
-    // check waits for the remover.
+    // Five transactions still see the definition, so they try to create counter rows; their
+    // foreign-key checks wait for the remover.
+    const clients = await Promise.all(range(1, 5).map(() => raw.connect()));
     const racing = Promise.allSettled(
-      range(1, 5).map((i) => ordo.sequences.next('doomed', { at: `2030-01-0${i}T00:00:00Z` })),
+      clients.map(async (client, i) => {
+        await client.query('BEGIN');
+        try {
+          return await ordo.sequences.next('doomed', { tx: client, at: `2030-01-0${i + 1}T00:00:00Z` });
+        } finally {
+          await client.query('ROLLBACK');
+        }
+      }),
     );
     // Wait until all five are blocked on the remover's lock, not merely scheduled.
     for (let waiting = 0; waiting < 5; await sleep(10)) {
@@ -223,6 +231,7 @@ describe('remove while values are being taken', () => {
         message: 'The sequence was removed while a value was being taken',
       });
     }
+    for (const c of clients) c.release();
     const left = await raw.query("SELECT count(*)::int AS n FROM ordo.counters WHERE sequence = 'doomed'");
     expect(left.rows[0].n).toBe(0);
   });

@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadMigrations } from '../src/db/migrations.js';
 import {
   createOrdo,
   type DefineSequenceOptions,
@@ -107,7 +108,21 @@ describe('invalid_argument', () => {
       ['an unsafe start', { name: 'unsafe2', start: -(2 ** 53) }, ['start', 'got -9007199254740992']],
       ['a start given as text', { name: 'strstart', start: '1' }, ['start', 'got "1"']],
       ['an unknown reset', { name: 'rst', reset: 'hourly' }, ["reset must be one of 'never'", '"hourly"']],
-      ['kind batched', { name: 'batch', kind: 'batched' }, ["kind 'batched' is not available", "'batch'"]],
+      [
+        'a batched sequence with a reset',
+        { name: 'batch', kind: 'batched', reset: 'day' },
+        ['reset applies to gapless sequences only'],
+      ],
+      [
+        'a gapless sequence with a batch',
+        { name: 'gbatch', batch: 10 },
+        ['batch applies to batched sequences only'],
+      ],
+      [
+        'a batch of 0',
+        { name: 'batch0', kind: 'batched', batch: 0 },
+        ['batch must be a whole number from 1 to 1000000'],
+      ],
       ['an unknown kind', { name: 'kindx', kind: 'sparse' }, ["kind must be one of 'gapless'", '"sparse"']],
       ['a cycle that is not a boolean', { name: 'cyc', cycle: 'yes' }, ['cycle must be true or false']],
       ['an ifNotExists that is not a boolean', { name: 'ine', ifNotExists: 1 }, ['ifNotExists must be']],
@@ -706,7 +721,7 @@ describe('schema versions', () => {
       () => createOrdo({ databaseUrl: fresh.url, migrate: false }),
       'schema_outdated',
       'is at migration 0',
-      'needs 1',
+      `needs ${loadMigrations().at(-1)!.version}`,
       /migrate/,
     );
     const { rows } = await fresh.pool().query("SELECT to_regnamespace('ordo') AS ns");

@@ -20,7 +20,7 @@ describe('migrations', () => {
     try {
       const raw = db.pool();
       const { rows } = await raw.query(
-        'SELECT version, count(*)::int AS n FROM ordo.migrations GROUP BY version',
+        'SELECT version, count(*)::int AS n FROM ordo.migrations GROUP BY version ORDER BY version',
       );
       expect(rows).toEqual(loadMigrations().map((m) => ({ version: m.version, n: 1 })));
       const fns = await raw.query(

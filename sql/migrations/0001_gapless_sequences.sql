@@ -2,6 +2,7 @@
 -- {{schema}} is replaced by the quoted schema name before this file runs.
 -- Custom SQLSTATEs (mapped to OrdoError codes in src/errors.ts):
 --   OX001 sequence_not_found   OX002 sequence_exhausted   OX003 invalid_argument
+--   OX004 the sequence is of the other kind (a caller with a stale definition refreshes it)
 
 CREATE TABLE {{schema}}.sequences (
   name        text PRIMARY KEY CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_]{0,62}$'),
@@ -136,7 +137,7 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'OX001', MESSAGE = format('The sequence %L does not exist', seq_name);
   END IF;
   IF s.kind <> 'gapless' THEN
-    RAISE EXCEPTION USING ERRCODE = 'OX003',
+    RAISE EXCEPTION USING ERRCODE = 'OX004',
       MESSAGE = format('The sequence %L is %s, not gapless', seq_name, s.kind);
   END IF;
   local_at := at AT TIME ZONE s.time_zone;
@@ -195,6 +196,7 @@ BEGIN
   SELECT n INTO missing FROM unnest(names) AS n
     WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.sequences AS d WHERE d.name = n AND d.kind = 'gapless') LIMIT 1;
   IF FOUND THEN
+    -- The caller serves each request on its own, which names the exact error.
     RAISE EXCEPTION USING ERRCODE = 'OX001', MESSAGE = format('The sequence %L does not exist or is not gapless', missing);
   END IF;
   PERFORM set_config('lock_timeout', '50ms', true);

@@ -76,7 +76,9 @@ export async function migrate(pool: pg.Pool, schema: string, apply = true): Prom
       const applied: number[] = [];
       for (const m of migrations) {
         if (m.version <= locked) continue;
-        await client.query(m.sql.replaceAll('{{schema}}', s));
+        // {{schema}}: the quoted identifier; {{schema_name}}: the bare name, for texts such as
+        // NOTIFY channels (a validated identifier, so it cannot break out of a literal).
+        await client.query(m.sql.replaceAll('{{schema}}', s).replaceAll('{{schema_name}}', schema));
         await client.query(`INSERT INTO ${s}.migrations (version, name) VALUES ($1, $2)`, [
           m.version,
           m.name,

@@ -1,3 +1,4 @@
+import { parseDuration } from '../durations.js';
 import {
   boolean,
   describe,
@@ -17,10 +18,16 @@ export const RESET_PERIODS: readonly ResetPeriod[] = ['never', 'day', 'week', 'm
 
 export interface DefineSequenceOptions {
   name: string;
-  /** Only 'gapless' for now. */
+  /** 'gapless' (default): no holes, in your transaction. 'batched': ranges reserved per node, millions per second. */
   kind?: SequenceKind;
-  /** First value of every period (default 1). */
+  /** First value (of every period, for a gapless sequence). Default 1 for gapless, 0 for batched (as SurrealDB). */
   start?: number;
+  /** Batched: how many values a node reserves at once (default 1000). */
+  batch?: number;
+  /** Batched: how long a reservation may keep retrying, in ms or as '5s'; 0 fails at once; default: until close(). */
+  timeout?: number | string | null;
+  /** Replace an existing definition (never moving a sequence backwards) and tell every node. */
+  overwrite?: boolean;
   /** Step between values, at least 1 (default 1). */
   increment?: number;
   /** Where a cycling sequence wraps to (default: start). */
@@ -43,6 +50,10 @@ export interface SequenceDefinition {
   name: string;
   kind: SequenceKind;
   start: number;
+  /** Batched only, else null. */
+  batch: number | null;
+  /** Batched only: the reservation timeout in ms, or null for none. */
+  timeoutMs: number | null;
   increment: number;
   minValue: number;
   maxValue: number;
@@ -50,11 +61,16 @@ export interface SequenceDefinition {
   reset: ResetPeriod;
   timeZone: string;
   format: string | null;
+  /** Bumped by every redefinition. */
+  epoch: number;
   createdAt: Date;
   updatedAt: Date;
 }
 
 const DEFINE_KEYS = [
+  'batch',
+  'timeout',
+  'overwrite',
   'name',
   'kind',
   'start',
@@ -68,7 +84,11 @@ const DEFINE_KEYS = [
   'ifNotExists',
 ] as const;
 
-export type ValidDefinition = Omit<SequenceDefinition, 'createdAt' | 'updatedAt'> & { ifNotExists: boolean };
+export type ValidDefinition = Omit<SequenceDefinition, 'createdAt' | 'updatedAt' | 'epoch'> & {
+  mode: 'create' | 'if_not_exists' | 'overwrite';
+};
+
+export const MAX_BATCH = 1_000_000;
 
 /** Checks everything that can be checked without the database, before anything is written. */
 export function validateDefinition(input: DefineSequenceOptions): ValidDefinition {
@@ -76,10 +96,10 @@ export function validateDefinition(input: DefineSequenceOptions): ValidDefinitio
   knownKeys('sequences.define', o, DEFINE_KEYS);
   const name = identifier('name', o.name);
   const kind = oneOf('kind', o.kind ?? 'gapless', ['gapless', 'batched'] as const);
-  if (kind === 'batched') {
-    throw invalid(`kind 'batched' is not available in this version of ordo; define '${name}' as 'gapless'`);
-  }
-  const start = safeInteger('start', o.start ?? 1);
+  const ifNotExists = boolean('ifNotExists', o.ifNotExists ?? false);
+  const overwrite = boolean('overwrite', o.overwrite ?? false);
+  if (ifNotExists && overwrite) throw invalid('give ifNotExists or overwrite, not both');
+  const start = safeInteger('start', o.start ?? (kind === 'batched' ? 0 : 1));
   const increment = safeInteger('increment', o.increment ?? 1, 1);
   const minValue = safeInteger('minValue', o.minValue ?? start, -MAX_VALUE, start);
   const maxValue = safeInteger('maxValue', o.maxValue ?? MAX_VALUE, start);
@@ -89,19 +109,47 @@ export function validateDefinition(input: DefineSequenceOptions): ValidDefinitio
       `timeZone must be an IANA time zone name such as 'Europe/Paris' (got ${describe(timeZone)})`,
     );
   }
-  return {
+  const common = {
     name,
     kind,
     start,
     increment,
     minValue,
     maxValue,
-    cycle: boolean('cycle', o.cycle ?? false),
-    reset: oneOf('reset', o.reset ?? 'never', RESET_PERIODS),
     timeZone,
-    format: o.format === undefined || o.format === null ? null : validateFormat(o.format),
-    ifNotExists: boolean('ifNotExists', o.ifNotExists ?? false),
-  };
+    mode: overwrite ? 'overwrite' : ifNotExists ? 'if_not_exists' : 'create',
+  } as const;
+  if (kind === 'gapless') {
+    for (const key of ['batch', 'timeout'] as const) {
+      if (o[key] !== undefined) throw invalid(`${key} applies to batched sequences only`);
+    }
+    return {
+      ...common,
+      batch: null,
+      timeoutMs: null,
+      cycle: boolean('cycle', o.cycle ?? false),
+      reset: oneOf('reset', o.reset ?? 'never', RESET_PERIODS),
+      format: o.format === undefined || o.format === null ? null : validateFormat(o.format),
+    };
+  }
+  for (const key of ['cycle', 'reset', 'format', 'minValue'] as const) {
+    if (
+      o[key] !== undefined &&
+      !(key === 'reset' && o[key] === 'never') &&
+      !(key === 'cycle' && o[key] === false)
+    ) {
+      throw invalid(`${key} applies to gapless sequences only`);
+    }
+  }
+  const batch = safeInteger('batch', o.batch ?? 1000, 1, MAX_BATCH);
+  if (batch * increment > MAX_VALUE) throw invalid('batch × increment must stay below 2^53');
+  return { ...common, batch, timeoutMs: timeoutMs(o.timeout), cycle: false, reset: 'never', format: null };
+}
+
+function timeoutMs(value: unknown): number | null {
+  if (value === undefined || value === null) return null;
+  if (typeof value === 'string') return parseDuration(value);
+  return safeInteger('timeout', value, 0, 365 * 24 * 3_600_000);
 }
 
 export function toDefinition(row: Record<string, any>): SequenceDefinition {
@@ -109,6 +157,8 @@ export function toDefinition(row: Record<string, any>): SequenceDefinition {
     name: row.name,
     kind: row.kind,
     start: Number(row.start),
+    batch: row.batch === null ? null : Number(row.batch),
+    timeoutMs: row.timeout_ms === null ? null : Number(row.timeout_ms),
     increment: Number(row.increment),
     minValue: Number(row.min_value),
     maxValue: Number(row.max_value),
@@ -116,6 +166,7 @@ export function toDefinition(row: Record<string, any>): SequenceDefinition {
     reset: row.reset,
     timeZone: row.time_zone,
     format: row.format,
+    epoch: Number(row.epoch),
     createdAt: new Date(row.created_at),
     updatedAt: new Date(row.updated_at),
   };

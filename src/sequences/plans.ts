@@ -7,20 +7,25 @@ import { quoteIdent } from '../db/migrations.js';
 export function sequencePlans(schema: string) {
   const s = quoteIdent(schema);
   const columns =
-    'name, kind, start, increment, min_value, max_value, cycle, reset, time_zone, format, created_at, updated_at';
+    'name, kind, start, batch, timeout_ms, increment, min_value, max_value, cycle, reset, time_zone, format, epoch, created_at, updated_at';
   return {
-    /** Inserts a definition after PostgreSQL has checked the time zone; nothing on conflict. */
-    define: `INSERT INTO ${s}.sequences (name, kind, start, increment, min_value, max_value, cycle, reset, time_zone, format)
-      SELECT $1, $2, $3, $4, $5, $6, $7, $8, ${s}.check_time_zone($9), $10
-      ON CONFLICT (name) DO NOTHING
-      RETURNING ${columns}`,
+    /** NOTIFY channel on which redefinitions and removals reach every node. */
+    channel: `ordo_sequences.${schema}`,
+    /** Creates or redefines (mode), after PostgreSQL has checked the time zone. */
+    define: `SELECT r.outcome, (r.definition).* FROM ${s}.define_sequence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) AS r`,
     get: `SELECT ${columns} FROM ${s}.sequences WHERE name = $1`,
     list: `SELECT ${columns} FROM ${s}.sequences ORDER BY name`,
     /** Current value per scope and period; sequences never used appear once with nulls. */
     status: `SELECT d.name, d.reset, c.scope, to_char(nullif(c.period, '-infinity'), 'YYYY-MM-DD') AS period, c.value
       FROM ${s}.sequences AS d LEFT JOIN ${s}.counters AS c ON c.sequence = d.name
       ORDER BY d.name, c.scope, c.period`,
-    remove: `DELETE FROM ${s}.sequences WHERE name = $1 RETURNING name`,
+    remove: `SELECT ${s}.remove_sequence($1) AS removed`,
+    alterTimeout: `SELECT ${s}.alter_sequence_timeout($1, $2) AS altered`,
+    /** A node's range of a batched sequence: one nextval() on its storage, plus the ownership row. */
+    reserve: `SELECT first, last, epoch, increment, timeout_ms FROM ${s}.reserve($1, $2, $3)`,
+    /** Epochs of the batched sequences a node holds ranges of (a missed NOTIFY cannot keep a range alive). */
+    epochs: `SELECT name, epoch, kind FROM ${s}.sequences WHERE name = ANY($1::text[])`,
+    collectBatches: `SELECT ${s}.collect_batches($1::interval) AS deleted`,
     /** The hot path: `how_many` consecutive values, in order, in one statement. */
     take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4)`,
     /** Coalesced standalone calls for several (sequence, scope, at) at once. */

@@ -3,6 +3,7 @@ import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
 import { OrdoError, toOrdoError } from '../errors.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
+import { BatchedRegistry } from './batched-registry.js';
 import { Coalescer, type Issued, type Request } from './coalescer.js';
 import {
   type DefineSequenceOptions,
@@ -50,6 +51,9 @@ interface Checked {
 
 export class Sequences {
   private readonly coalescer: Coalescer;
+  /** Definitions this node has used, for dispatch by kind; dropped on any change. One lookup per name at a time. */
+  private readonly definitions = new Map<string, Promise<SequenceDefinition>>();
+  private readonly batched: BatchedRegistry;
 
   /** @internal */
   constructor(
@@ -57,7 +61,17 @@ export class Sequences {
     private readonly plans: SequencePlans,
     private readonly ensureOpen: (withTx?: boolean) => void,
     private readonly inFlight: InFlight,
+    nodeId: string,
+    isClosed: () => boolean,
   ) {
+    this.batched = new BatchedRegistry(
+      pool,
+      plans,
+      nodeId,
+      (db, text, values) => this.run(db, text, values),
+      isClosed,
+      (name) => this.forget(name),
+    );
     // A couple of batches in flight keep the pool busy without splitting callers needlessly.
     const poolSize = (pool as { options?: { max?: number } }).options?.max ?? 10;
     this.coalescer = new Coalescer(
@@ -70,7 +84,7 @@ export class Sequences {
   async define(options: DefineSequenceOptions): Promise<SequenceDefinition> {
     this.ensureOpen();
     const d = validateDefinition(options);
-    const values = [
+    const { rows } = await this.run(this.pool, this.plans.define, [
       d.name,
       d.kind,
       d.start,
@@ -78,15 +92,19 @@ export class Sequences {
       d.minValue,
       d.maxValue,
       d.cycle,
+      d.batch,
+      d.timeoutMs,
       d.reset,
       d.timeZone,
       d.format,
-    ];
-    const { rows } = await this.run(this.pool, this.plans.define, values);
-    if (rows[0]) return toDefinition(rows[0]);
-    const existing = d.ifNotExists ? await this.run(this.pool, this.plans.get, [d.name]) : undefined;
-    if (existing?.rows[0]) return toDefinition(existing.rows[0]);
-    throw new OrdoError('sequence_exists', `The sequence '${d.name}' already exists`);
+      d.mode,
+    ]);
+    const row = rows[0]!;
+    if (row.outcome === 'exists' && d.mode === 'create') {
+      throw new OrdoError('sequence_exists', `The sequence '${d.name}' already exists`);
+    }
+    if (row.outcome !== 'exists') this.forget(d.name);
+    return toDefinition(row);
   }
 
   async get(name: string): Promise<SequenceDefinition | null> {
@@ -121,28 +139,29 @@ export class Sequences {
     knownKeys('sequences.remove', o, ['ifExists']);
     const ifExists = boolean('ifExists', o.ifExists ?? false);
     const { rows } = await this.run(this.pool, this.plans.remove, [identifier('name', name)]);
-    if (rows.length > 0) return true;
+    this.forget(name);
+    if (rows[0].removed) return true;
     if (ifExists) return false;
     throw new OrdoError('sequence_not_found', `The sequence '${name}' does not exist`);
   }
 
-  /** The next value: inside `tx` when given, else coalesced with concurrent standalone calls. */
+  /**
+   * The next value. Gapless: inside `tx` when given (a rollback gives it back), else coalesced
+   * with concurrent standalone calls. Batched: from this node's range in memory (never in `tx`).
+   */
   async next(name: string, options: NextOptions = {}): Promise<Issued> {
-    this.ensureOpen(options?.tx !== undefined);
-    const c = checkNext(name, options);
-    if (c.tx) {
-      const [issued] = await this.takeMany(c.tx, c.name, c.scope, c.at, 1);
-      return issued!;
-    }
-    return this.coalescer.take(c.name, c.scope, c.at);
+    return (await this.take(name, 1, options))[0]!;
   }
 
-  /** `count` consecutive values, taken by one statement. */
+  /** `count` consecutive values (gapless: one statement; batched: from this node's ranges). */
   async nextMany(name: string, count: number, options: NextOptions = {}): Promise<Issued[]> {
     this.ensureOpen(options?.tx !== undefined);
-    const c = checkNext(name, options);
-    const n = safeInteger('count', count, 1, MAX_COUNT);
-    return this.takeMany(c.tx ?? this.pool, c.name, c.scope, c.at, n);
+    return this.take(name, safeInteger('count', count, 1, MAX_COUNT), options);
+  }
+
+  /** @internal A batched value straight from memory, or undefined. The hot path of ordo.nextval(). */
+  takeNow(name: string): number | undefined {
+    return this.batched.get(name)?.takeNow();
   }
 
   /** @internal Resolves when every call accepted so far has been answered. */
@@ -151,6 +170,63 @@ export class Sequences {
       await this.coalescer.idle();
       await this.inFlight.idle();
     } while (this.inFlight.busy);
+  }
+
+  /** @internal Stops listening and drops every range held. */
+  close(): Promise<void> {
+    return this.batched.close();
+  }
+
+  private async take(name: string, count: number, options: NextOptions, retried = false): Promise<Issued[]> {
+    this.ensureOpen(options?.tx !== undefined);
+    const c = checkNext(name, options);
+    const definition = await this.definition(c.name);
+    try {
+      if (definition.kind === 'batched') return await this.takeBatched(definition, c, count);
+      if (c.tx || count > 1) return await this.takeMany(c.tx ?? this.pool, c.name, c.scope, c.at, count);
+      return [await this.coalescer.take(c.name, c.scope, c.at)];
+    } catch (e) {
+      const sqlstate = (e as { cause?: { code?: string } }).cause?.code;
+      const stale = sqlstate === 'OX004' || (e instanceof OrdoError && e.code === 'sequence_not_found');
+      if (stale) this.forget(c.name);
+      // Redefined as the other kind by another node since we looked: once more, freshly.
+      if (sqlstate === 'OX004' && !retried) return this.take(name, count, options, true);
+      throw e;
+    }
+  }
+
+  private async takeBatched(definition: SequenceDefinition, c: Checked, count: number): Promise<Issued[]> {
+    if (c.scope !== '' || c.at !== null) {
+      throw invalid(`The sequence '${c.name}' is batched: it takes no scope and no at`);
+    }
+    const allocator = this.batched.open(definition);
+    const issued: Issued[] = [];
+    for (let i = 0; i < count; i++) {
+      const value = allocator.takeNow() ?? (await allocator.take());
+      issued.push({ value, text: String(value), period: null, scope: '' });
+    }
+    return issued;
+  }
+
+  private definition(name: string): Promise<SequenceDefinition> {
+    let known = this.definitions.get(name);
+    if (!known) {
+      known = this.run(this.pool, this.plans.get, [name]).then(({ rows }) => {
+        if (!rows[0]) throw new OrdoError('sequence_not_found', `The sequence '${name}' does not exist`);
+        return toDefinition(rows[0]);
+      });
+      this.definitions.set(name, known);
+      const lookup = known;
+      known.catch(() => {
+        if (this.definitions.get(name) === lookup) this.definitions.delete(name);
+      });
+    }
+    return known;
+  }
+
+  private forget(name: string): void {
+    this.definitions.delete(name);
+    this.batched.forget(name);
   }
 
   private async takeMany(

@@ -1,0 +1,113 @@
+import type pg from 'pg';
+import { Listener } from '../db/listener.js';
+import type { Queryable } from '../db/queryable.js';
+import { Allocator, type Reservation } from './batched.js';
+import type { SequenceDefinition } from './definitions.js';
+import type { SequencePlans } from './plans.js';
+
+type Run = (db: Queryable, text: string, values: unknown[]) => Promise<{ rows: any[] }>;
+
+/** How often a node re-reads the epochs of the sequences it holds ranges of. */
+const EPOCH_CHECK_MS = 2000;
+/** Ownership rows older than this are collected, at most once an hour per node. */
+const KEEP_BATCHES = '7 days';
+const COLLECT_EVERY_MS = 3_600_000;
+
+/**
+ * This node's ranges of batched sequences. Redefinitions and removals reach it three ways:
+ * a NOTIFY (immediate), the epoch returned by every reservation, and a periodic epoch check
+ * of the sequences it holds ranges of, so a missed notification cannot keep a range alive
+ * for more than a couple of seconds. The LISTEN connection is opened on first use only.
+ */
+export class BatchedRegistry {
+  private readonly allocators = new Map<string, Allocator>();
+  private listener: Listener | undefined;
+  private checker: NodeJS.Timeout | undefined;
+  private lastCollect = 0;
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly plans: SequencePlans,
+    private readonly nodeId: string,
+    private readonly run: Run,
+    private readonly isClosed: () => boolean,
+    private readonly onChange: (name: string) => void,
+  ) {}
+
+  get(name: string): Allocator | undefined {
+    return this.allocators.get(name);
+  }
+
+  open(definition: SequenceDefinition): Allocator {
+    let allocator = this.allocators.get(definition.name);
+    if (!allocator) {
+      allocator = new Allocator(
+        definition.name,
+        (n, wait) => this.reserve(n, wait),
+        definition.timeoutMs,
+        this.isClosed,
+      );
+      this.allocators.set(definition.name, allocator);
+      this.watch();
+    }
+    return allocator;
+  }
+
+  forget(name: string): void {
+    this.allocators.get(name)?.drop();
+    this.allocators.delete(name);
+  }
+
+  async close(): Promise<void> {
+    clearInterval(this.checker);
+    for (const name of [...this.allocators.keys()]) this.forget(name);
+    await this.listener?.stop();
+  }
+
+  private async reserve(name: string, waitMs: number | null): Promise<Reservation> {
+    const { rows } = await this.run(this.pool, this.plans.reserve, [name, this.nodeId, waitMs]);
+    const r = rows[0];
+    if (Date.now() - this.lastCollect > COLLECT_EVERY_MS) {
+      this.lastCollect = Date.now();
+      this.run(this.pool, this.plans.collectBatches, [KEEP_BATCHES]).catch(() => undefined);
+    }
+    return {
+      first: Number(r.first),
+      last: Number(r.last),
+      increment: Number(r.increment),
+      epoch: Number(r.epoch),
+      timeoutMs: r.timeout_ms === null ? null : Number(r.timeout_ms),
+    };
+  }
+
+  private watch(): void {
+    if (!this.listener) {
+      const options = (this.pool as unknown as { options: pg.ClientConfig }).options;
+      this.listener = new Listener(
+        () => new (this.pool as unknown as { Client: typeof pg.Client }).Client(options),
+        this.plans.channel,
+        (name) => this.onChange(name),
+        () => {
+          for (const name of [...this.allocators.keys()]) this.onChange(name);
+        },
+      );
+      this.listener.start();
+    }
+    if (!this.checker) {
+      this.checker = setInterval(() => void this.checkEpochs().catch(() => undefined), EPOCH_CHECK_MS);
+      this.checker.unref();
+    }
+  }
+
+  private async checkEpochs(): Promise<void> {
+    if (this.allocators.size === 0 || this.isClosed()) return;
+    const { rows } = await this.run(this.pool, this.plans.epochs, [[...this.allocators.keys()]]);
+    const current = new Map(rows.map((r) => [r.name as string, r]));
+    for (const [name, allocator] of this.allocators) {
+      const row = current.get(name);
+      const held = allocator.heldEpoch;
+      if (!row || row.kind !== 'batched' || (held !== undefined && Number(row.epoch) !== held))
+        this.onChange(name);
+    }
+  }
+}

@@ -1,0 +1,144 @@
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { OrdoError, type OrdoErrorCode } from '../errors.js';
+
+/** A range reserved by one nextval() on the sequence's storage: first, first + increment, …, last. */
+export interface Reservation {
+  first: number;
+  last: number;
+  increment: number;
+  /** The definition's epoch when the range was reserved. */
+  epoch: number;
+  /** The definition's current TIMEOUT, so ALTER SEQUENCE … TIMEOUT reaches running nodes. */
+  timeoutMs: number | null;
+}
+
+/** Reserves a range; `waitMs` bounds how long the statement may wait for a lock. */
+export type Reserve = (name: string, waitMs: number | null) => Promise<Reservation>;
+
+export const BACKOFF_BASE_MS = 10;
+export const BACKOFF_CAP_MS = 1000;
+
+/** Exponential back-off with full jitter: a random delay in [0, min(cap, base · 2^attempt)]. */
+export function backoffDelay(attempt: number, random: () => number = Math.random): number {
+  return random() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** attempt);
+}
+
+/** Failures worth another try: the database was busy, unreachable, or changed under us. */
+const RETRYABLE = new Set<OrdoErrorCode>(['timeout', 'database_unavailable', 'database_error']);
+
+export const TIMEOUT_MESSAGE = 'The query was not executed because it exceeded the timeout';
+
+/**
+ * One node's supply of a batched sequence. Values come from a range in memory with no I/O;
+ * the next range is reserved in the background as soon as the current one is in use; at most
+ * one reservation is in flight. Values are unique across nodes (ranges come from one
+ * PostgreSQL sequence) and increase within this node. Dropping the supply (the sequence was
+ * redefined or removed) discards its ranges: a gap, never a reuse.
+ */
+export class Allocator {
+  private next = 1;
+  private last = 0;
+  private increment = 1;
+  private epoch: number | undefined;
+  private spare: Reservation | undefined;
+  private reserving: Promise<void> | undefined;
+  /** Bumped by drop(): a reservation started before it must not install its range. */
+  private generation = 0;
+
+  constructor(
+    readonly name: string,
+    private readonly reserve: Reserve,
+    private timeoutMs: number | null,
+    private readonly isClosed: () => boolean,
+  ) {}
+
+  /** The definition epoch of the ranges held, if any. */
+  get heldEpoch(): number | undefined {
+    return this.epoch;
+  }
+
+  /** A value from memory, or undefined when the current range is used up. */
+  takeNow(): number | undefined {
+    if (this.next > this.last) {
+      if (!this.spare) return undefined;
+      this.install(this.spare);
+      this.spare = undefined;
+    }
+    const value = this.next;
+    this.next += this.increment;
+    // Keep the next range ready: with one reservation in flight, a node can use at most two
+    // ranges per round trip, and it should not wait for either.
+    if (!this.spare && !this.reserving) {
+      this.refill().catch(() => undefined); // a failed prefetch is retried by the caller who needs it
+    }
+    return value;
+  }
+
+  async take(): Promise<number> {
+    for (;;) {
+      const value = this.takeNow();
+      if (value !== undefined) return value;
+      await this.refill();
+    }
+  }
+
+  /** Discards every range held: the sequence was redefined or removed. */
+  drop(): void {
+    this.generation++;
+    this.next = 1;
+    this.last = 0;
+    this.spare = undefined;
+    this.epoch = undefined;
+  }
+
+  private refill(): Promise<void> {
+    this.reserving ??= this.reserveWithRetry().finally(() => {
+      this.reserving = undefined;
+    });
+    return this.reserving;
+  }
+
+  private async reserveWithRetry(): Promise<void> {
+    const generation = this.generation;
+    const started = performance.now();
+    let lastError: unknown;
+    for (let attempt = 0; ; attempt++) {
+      if (this.isClosed()) throw new OrdoError('closed', 'This ordo client is closed');
+      const remaining = this.timeoutMs === null ? null : this.timeoutMs - (performance.now() - started);
+      if (remaining !== null && remaining <= 0) {
+        throw new OrdoError('timeout', TIMEOUT_MESSAGE, { cause: lastError });
+      }
+      try {
+        const r = await this.reserve(this.name, remaining === null ? null : Math.ceil(remaining));
+        this.timeoutMs = r.timeoutMs;
+        // Dropped meanwhile: this range may belong to the old definition. It becomes a gap.
+        if (generation === this.generation) this.accept(r);
+        return;
+      } catch (error) {
+        if (!(error instanceof OrdoError) || !RETRYABLE.has(error.code)) throw error;
+        lastError = error;
+        const delay = backoffDelay(attempt);
+        await sleep(remaining === null ? delay : Math.min(delay, remaining));
+      }
+    }
+  }
+
+  private accept(r: Reservation): void {
+    if (this.epoch !== undefined && r.epoch !== this.epoch) {
+      // Redefined and the notification has not arrived (or was missed): nothing older is served.
+      this.next = 1;
+      this.last = 0;
+      this.spare = undefined;
+    }
+    this.epoch = r.epoch;
+    if (this.next > this.last) this.install(r);
+    else this.spare = r;
+  }
+
+  private install(r: Reservation): void {
+    this.next = r.first;
+    this.last = r.last;
+    this.increment = r.increment;
+  }
+}
