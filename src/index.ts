@@ -2,6 +2,7 @@ export type { EmbeddedOptions, OrdoOptions } from './config.js';
 export type { Queryable } from './db/queryable.js';
 export { ERROR_CODES, OrdoError, type OrdoErrorCode } from './errors.js';
 export { createOrdo, Ordo } from './ordo.js';
+export type { StatementResult } from './query/executor.js';
 export type { Issued } from './sequences/coalescer.js';
 export type {
   DefineSequenceOptions,

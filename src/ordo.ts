@@ -4,6 +4,7 @@ import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate } from './db/migrations.js';
 import { OrdoError, toOrdoError } from './errors.js';
+import { executeQuery, type StatementResult } from './query/executor.js';
 import { sequencePlans } from './sequences/plans.js';
 import { type NextOptions, Sequences } from './sequences/sequences.js';
 
@@ -80,6 +81,14 @@ export class Ordo {
    */
   private ensureOpen(withTx = false): void {
     if (this.closed || (this.closing && !withTx)) throw new OrdoError('closed', 'This ordo client is closed');
+  }
+
+  /**
+   * Runs SurrealQL-compatible statements (DEFINE / ALTER / REMOVE SEQUENCE, sequence::nextval,
+   * INFO FOR DB), one entry per statement: `{ result }` or `{ error, code }`.
+   */
+  query(text: string): Promise<StatementResult[]> {
+    return executeQuery(this, text);
   }
 
   /** Answers the calls in flight, then ends the pool it created and the embedded server. */

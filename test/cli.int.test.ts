@@ -69,4 +69,27 @@ describe('ordo CLI', () => {
     expect(bad.code).toBe(1);
     expect(bad.err).toContain('invalid_argument: count must be a whole number');
   });
+
+  it("runs statements with `ordo sql`, printing SurrealDB's answers (and --json)", () => {
+    const plain = cli(
+      'sql',
+      "DEFINE SEQUENCE mySeq2 BATCH 1000 START 100 TIMEOUT 5s; sequence::nextval('mySeq2');",
+    );
+    expect(plain).toMatchObject({ code: 0, out: 'null\n100\n' });
+    const json = cli(
+      'sql',
+      '--json',
+      "DEFINE SEQUENCE mySeq3 BATCH 1000 START 100 TIMEOUT 0s; sequence::nextval('mySeq3');",
+    );
+    expect(json.code).toBe(1);
+    expect(JSON.parse(json.out)).toEqual([
+      { result: null },
+      { error: 'The query was not executed because it exceeded the timeout', code: 'timeout' },
+    ]);
+    const bad = cli('sql', 'DEFINE SEQUENCE');
+    expect(bad.code).toBe(1);
+    expect(bad.err.trim()).toBe(
+      'ordo: invalid_argument: Parse error: expected a sequence name, found end of input at 1:16',
+    );
+  });
 });

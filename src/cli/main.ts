@@ -9,6 +9,8 @@ Usage:
   ordo status [--json]             sequences with their current values per scope and period
   ordo next <name> [--scope s] [--count n] [--at time] [--json]
                                    take the next value(s) of a sequence
+  ordo sql "<statements>" [--json] run SurrealQL-compatible statements, e.g.
+                                   "DEFINE SEQUENCE ids BATCH 1000 START 100 TIMEOUT 5s; sequence::nextval('ids');"
 
 Options for every command:
   --database-url URL   PostgreSQL to use (default: ORDO_DATABASE_URL, DATABASE_URL)
@@ -42,7 +44,7 @@ async function open(flags: Flags): Promise<Ordo> {
     : createOrdo({ embedded: { dataDir: flags['data-dir'] ?? '.ordo/pg' }, schema, poolSize: 2 });
 }
 
-const COMMANDS: Record<string, (ordo: Ordo, args: string[], flags: Flags) => Promise<void>> = {
+const COMMANDS: Record<string, (ordo: Ordo, args: string[], flags: Flags) => Promise<number | void>> = {
   async migrate() {
     console.log('ordo: schema is up to date');
   },
@@ -77,6 +79,20 @@ const COMMANDS: Record<string, (ordo: Ordo, args: string[], flags: Flags) => Pro
   },
 };
 
+async function sql(ordo: Ordo, args: string[], flags: Flags): Promise<number> {
+  if (args.length !== 1) throw new OrdoError('invalid_argument', 'usage: ordo sql "<statements>" [--json]');
+  const results = await ordo.query(args[0]!);
+  if (flags.json) console.log(JSON.stringify(results));
+  else {
+    for (const r of results) {
+      if ('error' in r) console.log(`error (${r.code}): ${r.error}`);
+      else console.log(JSON.stringify(r.result));
+    }
+  }
+  // Like a shell running several commands: fail when any statement failed.
+  return results.some((r) => 'error' in r) ? 1 : 0;
+}
+
 export async function main(argv: string[]): Promise<number> {
   let parsed: ReturnType<typeof parse>;
   try {
@@ -90,7 +106,7 @@ export async function main(argv: string[]): Promise<number> {
     console.log(USAGE);
     return command || parsed.values.help ? 0 : 2;
   }
-  const run = COMMANDS[command];
+  const run = command === 'sql' ? sql : COMMANDS[command];
   if (!run) {
     console.error(`ordo: unknown command '${command}' (try ordo --help)`);
     return 2;
@@ -98,8 +114,7 @@ export async function main(argv: string[]): Promise<number> {
   let ordo: Ordo | undefined;
   try {
     ordo = await open(parsed.values);
-    await run(ordo, args, parsed.values);
-    return 0;
+    return (await run(ordo, args, parsed.values)) ?? 0;
   } catch (e) {
     const code = e instanceof OrdoError ? e.code : 'error';
     console.error(`ordo: ${code}: ${(e as Error).message}`);

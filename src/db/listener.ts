@@ -5,14 +5,19 @@ import { quoteIdent } from './migrations.js';
 
 /**
  * A dedicated connection that LISTENs on one channel. While it is down, notifications may be
- * lost, so every loss (and the first start) calls onReset: callers drop what a missed
+ * lost, so every loss and every reconnection calls onReset: callers drop what a missed
  * notification could have invalidated. It reconnects with back-off until stopped.
  */
 export class Listener {
   private client: pg.Client | undefined;
-  private stopped = false;
   private running: Promise<void> | undefined;
   private listenedBefore = false;
+  private stopping: (() => void) | undefined;
+  /** Resolves when stop() is called: every wait in the loop races it. */
+  private readonly stopped = new Promise<void>((resolve) => {
+    this.stopping = resolve;
+  });
+  private isStopped = false;
 
   constructor(
     private readonly connect: () => pg.Client,
@@ -26,13 +31,14 @@ export class Listener {
   }
 
   async stop(): Promise<void> {
-    this.stopped = true;
+    this.isStopped = true;
+    this.stopping?.();
     await this.client?.end().catch(() => undefined);
     await this.running;
   }
 
   private async loop(): Promise<void> {
-    for (let attempt = 0; !this.stopped; attempt++) {
+    for (let attempt = 0; !this.isStopped; attempt++) {
       const client = this.connect();
       this.client = client;
       const lost = new Promise<void>((resolve) => {
@@ -40,23 +46,26 @@ export class Listener {
         client.on('end', () => resolve());
       });
       try {
-        await client.connect();
+        await Promise.race([client.connect(), this.stopped]);
+        if (this.isStopped) break;
         client.on('notification', (n) => {
           if (n.channel === this.channel) this.onMessage(n.payload ?? '');
         });
-        await client.query(`LISTEN ${quoteIdent(this.channel)}`);
+        await Promise.race([client.query(`LISTEN ${quoteIdent(this.channel)}`), this.stopped]);
+        if (this.isStopped) break;
         // Back after a loss: anything may have changed while nobody listened.
         if (this.listenedBefore) this.onReset();
         this.listenedBefore = true;
         attempt = 0;
-        await lost;
+        await Promise.race([lost, this.stopped]);
       } catch {
         // Could not connect or listen: try again after a pause.
       }
-      await client.end().catch(() => undefined);
-      if (this.stopped) return;
+      client.end().catch(() => undefined);
+      if (this.isStopped) break;
       this.onReset();
-      await sleep(backoffDelay(attempt));
+      await Promise.race([sleep(backoffDelay(attempt)), this.stopped]);
     }
+    this.client?.end().catch(() => undefined);
   }
 }

@@ -143,10 +143,11 @@ export function validateDefinition(input: DefineSequenceOptions): ValidDefinitio
   }
   const batch = safeInteger('batch', o.batch ?? 1000, 1, MAX_BATCH);
   if (batch * increment > MAX_VALUE) throw invalid('batch × increment must stay below 2^53');
-  return { ...common, batch, timeoutMs: timeoutMs(o.timeout), cycle: false, reset: 'never', format: null };
+  return { ...common, batch, timeoutMs: parseTimeout(o.timeout), cycle: false, reset: 'never', format: null };
 }
 
-function timeoutMs(value: unknown): number | null {
+/** A timeout as milliseconds, or a SurrealDB duration ('5s'); null or undefined: none. */
+export function parseTimeout(value: unknown): number | null {
   if (value === undefined || value === null) return null;
   if (typeof value === 'string') return parseDuration(value);
   return safeInteger('timeout', value, 0, 365 * 24 * 3_600_000);

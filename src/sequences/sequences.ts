@@ -7,6 +7,7 @@ import { BatchedRegistry } from './batched-registry.js';
 import { Coalescer, type Issued, type Request } from './coalescer.js';
 import {
   type DefineSequenceOptions,
+  parseTimeout,
   type ResetPeriod,
   type SequenceDefinition,
   toDefinition,
@@ -117,6 +118,19 @@ export class Sequences {
     this.ensureOpen();
     const { rows } = await this.run(this.pool, this.plans.list, []);
     return rows.map(toDefinition);
+  }
+
+  /** Sets (or with null removes) a sequence's reservation timeout; running nodes pick it up. */
+  async alterTimeout(name: string, timeout: number | string | null): Promise<SequenceDefinition> {
+    this.ensureOpen();
+    const timeoutMs = parseTimeout(timeout);
+    const { rows } = await this.run(this.pool, this.plans.alterTimeout, [
+      identifier('name', name),
+      timeoutMs,
+    ]);
+    if (!rows[0].altered) throw new OrdoError('sequence_not_found', `The sequence '${name}' does not exist`);
+    this.forget(name);
+    return (await this.get(name))!;
   }
 
   /** Every sequence with its current value per scope and period. */
