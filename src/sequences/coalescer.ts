@@ -130,7 +130,12 @@ export class Coalescer {
       if (group.waiters.length > 1 && error instanceof OrdoError && error.code === 'sequence_exhausted') {
         // More was asked than is left: one by one, so each value still left goes to a caller.
         for (const w of group.waiters) {
-          await this.takeOne({ ...group.key, count: 1 }).then(([issued]) => w.resolve(issued!), w.reject);
+          try {
+            const [issued] = await this.takeOne({ ...group.key, count: 1 });
+            w.resolve(issued!);
+          } catch (e) {
+            w.reject(e);
+          }
         }
       } else {
         for (const w of group.waiters) w.reject(error);
