@@ -1,4 +1,4 @@
-// The README's runnable sample (`npm start`): DATABASE_URL when set, else an embedded
+// The README's runnable sample (`npm run example`): DATABASE_URL when set, else an embedded
 // PostgreSQL kept in ./.ordo/pg.
 import { envDatabaseUrl } from '../src/config.js';
 import { createOrdo } from '../src/index.js';

@@ -1,125 +1,276 @@
-import { parseArgs } from 'node:util';
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { envDatabaseUrl } from '../config.js';
 import { createOrdo, type Ordo, OrdoError } from '../index.js';
+import { buildServer } from '../server/app.js';
+import { parseTokens, readTokensFile, type Token } from '../server/auth.js';
+
+type Options = NonNullable<ParseArgsConfig['options']>;
+type Flags = Record<string, string | boolean | undefined>;
+
+const COMMON: Options = {
+  'database-url': { type: 'string' },
+  'data-dir': { type: 'string' },
+  schema: { type: 'string' },
+  help: { type: 'boolean', short: 'h' },
+};
+const COMMON_HELP = `  --database-url URL   PostgreSQL to use (default: ORDO_DATABASE_URL, DATABASE_URL); with none,
+                       an embedded PostgreSQL kept in <data-dir>/pg
+  --data-dir DIR       ordo's directory for the embedded PostgreSQL (default .ordo)
+  --schema NAME        ordo's schema (default ORDO_SCHEMA, then ordo)
+  -h, --help           this help`;
+
+interface Command {
+  usage: string;
+  options: Options;
+  /** Returns the exit status; a command that serves resolves when it has stopped. */
+  run(ordo: Ordo, args: string[], flags: Flags): Promise<number>;
+  /** Checks flags before anything is started. */
+  check?(flags: Flags, args: string[]): void;
+  /** Runs without a database. */
+  standalone?: true;
+}
+
+const COMMANDS: Record<string, Command> = {
+  serve: {
+    usage: `ordo serve [--port 7070] [--host 127.0.0.1] [--tokens-file FILE] [--insecure]
+  Serves the HTTP API until SIGINT or SIGTERM, then finishes the requests in flight and exits 0.
+  --port N             port (default 7070; 0 picks a free one)
+  --host ADDRESS       address to listen on (default 127.0.0.1)
+  --tokens-file FILE   bearer tokens, one 'token:scope+scope' a line (default: ORDO_TOKENS)
+  --insecure           allow listening beyond loopback without tokens`,
+    options: {
+      port: { type: 'string' },
+      host: { type: 'string' },
+      'tokens-file': { type: 'string' },
+      insecure: { type: 'boolean' },
+    },
+    check(flags) {
+      port(flags.port);
+      tokensFrom(flags);
+      const host = (flags.host as string | undefined) ?? '127.0.0.1';
+      if (!loopback(host) && tokensFrom(flags).length === 0 && !flags.insecure) {
+        throw usage(
+          `refusing to listen on ${host} without tokens: set ORDO_TOKENS or --tokens-file, or pass --insecure`,
+        );
+      }
+    },
+    async run(ordo, _args, flags) {
+      const app = await buildServer(ordo, { tokens: tokensFrom(flags), logger: { level: 'info' } });
+      const host = (flags.host as string | undefined) ?? '127.0.0.1';
+      await app.listen({ port: port(flags.port), host });
+      const address = app.server.address();
+      const where = typeof address === 'object' && address ? `${host}:${address.port}` : host;
+      app.log.info({ url: `http://${where}` }, 'ordo is listening');
+      await new Promise<void>((resolve) => {
+        const stop = (signal: NodeJS.Signals) => {
+          app.log.info({ signal }, 'stopping: finishing requests in flight');
+          process.removeListener('SIGINT', stop);
+          process.removeListener('SIGTERM', stop);
+          resolve();
+        };
+        process.on('SIGINT', stop);
+        process.on('SIGTERM', stop);
+      });
+      // No new connections; requests in flight are answered (each answered number was committed).
+      await app.close();
+      return 0;
+    },
+  },
+
+  sql: {
+    usage: `ordo sql "<statements>" [--json]
+  Runs SurrealQL-compatible statements, e.g.
+    ordo sql "DEFINE SEQUENCE ids BATCH 1000 START 100 TIMEOUT 5s; sequence::nextval('ids');"
+  Prints one line per statement (--json: the array of { result } / { error, code }); exits 1 if any failed.`,
+    options: { json: { type: 'boolean' } },
+    check(_flags, args) {
+      if (args.length !== 1) throw usage('ordo sql takes one argument: the statements, quoted');
+    },
+    async run(ordo, args, flags) {
+      const results = await ordo.query(args[0]!);
+      if (flags.json) console.log(JSON.stringify(results));
+      else {
+        for (const r of results)
+          console.log('error' in r ? `error (${r.code}): ${r.error}` : JSON.stringify(r.result));
+      }
+      return results.some((r) => 'error' in r) ? 1 : 0;
+    },
+  },
+
+  next: {
+    usage: `ordo next <name> [--scope s] [--count n] [--at time] [--json]
+  Takes the next value(s) of a sequence and prints their text (--json: the issued values).`,
+    options: {
+      scope: { type: 'string' },
+      count: { type: 'string' },
+      at: { type: 'string' },
+      json: { type: 'boolean' },
+    },
+    check(flags, args) {
+      if (args.length !== 1) throw usage('ordo next takes one argument: the sequence name');
+      if (flags.count !== undefined && !/^\d+$/.test(flags.count as string)) {
+        throw usage(`--count must be a whole number (got '${flags.count}')`);
+      }
+    },
+    async run(ordo, args, flags) {
+      const opts = { scope: flags.scope as string | undefined, at: flags.at as string | undefined };
+      const issued =
+        flags.count === undefined
+          ? [await ordo.sequences.next(args[0]!, opts)]
+          : await ordo.sequences.nextMany(args[0]!, Number(flags.count), opts);
+      if (flags.json) console.log(JSON.stringify(issued));
+      else for (const i of issued) console.log(i.text);
+      return 0;
+    },
+  },
+
+  migrate: {
+    usage: `ordo migrate
+  Applies ordo's migrations to the database (every command does so too).`,
+    options: {},
+    async run() {
+      console.log('ordo: schema is up to date');
+      return 0;
+    },
+  },
+
+  status: {
+    usage: `ordo status [--json]
+  Lists the sequences with their current values per scope and period.`,
+    options: { json: { type: 'boolean' } },
+    async run(ordo, _args, flags) {
+      const rows = await ordo.sequences.status();
+      if (flags.json) console.log(JSON.stringify(rows, null, 2));
+      else if (rows.length === 0) console.log('no sequences defined');
+      else {
+        console.table(
+          rows.map((r) => ({
+            sequence: r.name,
+            reset: r.reset,
+            scope: r.scope ?? '',
+            period: r.period ?? '',
+            value: r.value ?? '',
+          })),
+        );
+      }
+      return 0;
+    },
+  },
+
+  bench: {
+    usage: `ordo bench
+  Runs the benchmark suite (npm run bench) against --database-url / DATABASE_URL, or an embedded PostgreSQL.
+  Needs the ordo repository (the benchmarks are not part of the published package).`,
+    options: {},
+    standalone: true,
+    async run(_ordo, _args, flags) {
+      const root = fileURLToPath(new URL('../../', import.meta.url));
+      if (!existsSync(`${root}bench/index.ts`)) throw usage('ordo bench runs from the ordo repository only');
+      const env = { ...process.env };
+      if (flags['database-url']) env.DATABASE_URL = flags['database-url'] as string;
+      const child = spawn(process.execPath, ['--import', 'tsx', 'bench/index.ts'], {
+        cwd: root,
+        env,
+        stdio: 'inherit',
+      });
+      return new Promise<number>((resolve) => child.on('exit', (code) => resolve(code ?? 1)));
+    },
+  },
+};
 
 const USAGE = `ordo — numbers and order you can trust on PostgreSQL
 
 Usage:
-  ordo migrate                     apply ordo's migrations
-  ordo status [--json]             sequences with their current values per scope and period
-  ordo next <name> [--scope s] [--count n] [--at time] [--json]
-                                   take the next value(s) of a sequence
-  ordo sql "<statements>" [--json] run SurrealQL-compatible statements, e.g.
-                                   "DEFINE SEQUENCE ids BATCH 1000 START 100 TIMEOUT 5s; sequence::nextval('ids');"
+  ordo serve [--port 7070] [--host 127.0.0.1]   the HTTP API
+  ordo sql "<statements>" [--json]              SurrealQL-compatible statements
+  ordo next <name> [--scope s] [--count n]      take values
+  ordo status [--json]                          sequences and their current values
+  ordo migrate                                  apply migrations
+  ordo bench                                    run the benchmarks
 
-Options for every command:
-  --database-url URL   PostgreSQL to use (default: ORDO_DATABASE_URL, DATABASE_URL)
-  --data-dir DIR       with no URL, the embedded PostgreSQL's directory (default .ordo/pg)
-  --schema NAME        ordo's schema (default ordo)
-  -h, --help           this help
+Every command:
+${COMMON_HELP}
+
+ordo <command> --help shows a command's own options.
 `;
 
-const OPTIONS = {
-  'database-url': { type: 'string' },
-  'data-dir': { type: 'string' },
-  schema: { type: 'string' },
-  scope: { type: 'string' },
-  count: { type: 'string' },
-  at: { type: 'string' },
-  json: { type: 'boolean' },
-  help: { type: 'boolean', short: 'h' },
-} as const;
-
-type Flags = ReturnType<typeof parse>['values'];
-
-function parse(argv: string[]) {
-  return parseArgs({ args: argv, options: OPTIONS, allowPositionals: true, strict: true });
-}
-
-async function open(flags: Flags): Promise<Ordo> {
-  const url = flags['database-url'] ?? envDatabaseUrl();
-  const schema = flags.schema;
-  return url
-    ? createOrdo({ databaseUrl: url, schema, poolSize: 2 })
-    : createOrdo({ embedded: { dataDir: flags['data-dir'] ?? '.ordo/pg' }, schema, poolSize: 2 });
-}
-
-const COMMANDS: Record<string, (ordo: Ordo, args: string[], flags: Flags) => Promise<number | void>> = {
-  async migrate() {
-    console.log('ordo: schema is up to date');
-  },
-
-  async status(ordo, _args, flags) {
-    const rows = await ordo.sequences.status();
-    if (flags.json) return console.log(JSON.stringify(rows, null, 2));
-    if (rows.length === 0) return console.log('no sequences defined');
-    console.table(
-      rows.map((r) => ({
-        sequence: r.name,
-        reset: r.reset,
-        scope: r.scope ?? '',
-        period: r.period ?? '',
-        value: r.value ?? '',
-      })),
-    );
-  },
-
-  async next(ordo, args, flags) {
-    const [name] = args;
-    if (!name || args.length > 1)
-      throw new OrdoError('invalid_argument', 'usage: ordo next <name> [--scope s] [--count n]');
-    const count = flags.count === undefined ? 1 : Number(flags.count);
-    const opts = { scope: flags.scope, at: flags.at };
-    const issued =
-      count === 1 && flags.count === undefined
-        ? [await ordo.sequences.next(name, opts)]
-        : await ordo.sequences.nextMany(name, count, opts);
-    if (flags.json) return console.log(JSON.stringify(issued));
-    for (const i of issued) console.log(i.text);
-  },
-};
-
-async function sql(ordo: Ordo, args: string[], flags: Flags): Promise<number> {
-  if (args.length !== 1) throw new OrdoError('invalid_argument', 'usage: ordo sql "<statements>" [--json]');
-  const results = await ordo.query(args[0]!);
-  if (flags.json) console.log(JSON.stringify(results));
-  else {
-    for (const r of results) {
-      if ('error' in r) console.log(`error (${r.code}): ${r.error}`);
-      else console.log(JSON.stringify(r.result));
-    }
-  }
-  // Like a shell running several commands: fail when any statement failed.
-  return results.some((r) => 'error' in r) ? 1 : 0;
-}
+/** Exit status 2: the command line itself is wrong. */
+class UsageError extends Error {}
+const usage = (message: string) => new UsageError(message);
 
 export async function main(argv: string[]): Promise<number> {
-  let parsed: ReturnType<typeof parse>;
+  const [name, ...rest] = argv;
+  if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
+    console.log(USAGE);
+    return name === undefined ? 2 : 0;
+  }
+  const command = COMMANDS[name];
+  if (!command) {
+    console.error(`ordo: unknown command '${name}' (try ordo --help)`);
+    return 2;
+  }
+  let flags: Flags;
+  let args: string[];
   try {
-    parsed = parse(argv);
+    const parsed = parseArgs({
+      args: rest,
+      options: { ...COMMON, ...command.options },
+      allowPositionals: true,
+      strict: true,
+    });
+    flags = parsed.values as Flags;
+    args = parsed.positionals;
+    if (flags.help) {
+      console.log(`${command.usage}\n\nEvery command:\n${COMMON_HELP}`);
+      return 0;
+    }
+    command.check?.(flags, args);
   } catch (e) {
     console.error(`ordo: ${(e as Error).message}`);
     return 2;
   }
-  const [command, ...args] = parsed.positionals;
-  if (parsed.values.help || !command) {
-    console.log(USAGE);
-    return command || parsed.values.help ? 0 : 2;
-  }
-  const run = command === 'sql' ? sql : COMMANDS[command];
-  if (!run) {
-    console.error(`ordo: unknown command '${command}' (try ordo --help)`);
-    return 2;
-  }
   let ordo: Ordo | undefined;
   try {
-    ordo = await open(parsed.values);
-    return (await run(ordo, args, parsed.values)) ?? 0;
+    if (!command.standalone) ordo = await open(flags);
+    return await command.run(ordo as Ordo, args, flags);
   } catch (e) {
+    if (e instanceof UsageError) {
+      console.error(`ordo: ${e.message}`);
+      return 2;
+    }
     const code = e instanceof OrdoError ? e.code : 'error';
     console.error(`ordo: ${code}: ${(e as Error).message}`);
     return 1;
   } finally {
     await ordo?.close();
   }
+}
+
+function open(flags: Flags): Promise<Ordo> {
+  const url = (flags['database-url'] as string | undefined) ?? envDatabaseUrl();
+  const schema = flags.schema as string | undefined;
+  const dataDir = `${(flags['data-dir'] as string | undefined) ?? '.ordo'}/pg`;
+  return url ? createOrdo({ databaseUrl: url, schema }) : createOrdo({ embedded: { dataDir }, schema });
+}
+
+function port(value: unknown): number {
+  if (value === undefined) return 7070;
+  const n = Number(value);
+  if (typeof value !== 'string' || !/^\d+$/.test(value) || n > 65535) {
+    throw usage(`--port must be a whole number from 0 to 65535 (got '${String(value)}')`);
+  }
+  return n;
+}
+
+function tokensFrom(flags: Flags): Token[] {
+  const file = flags['tokens-file'] as string | undefined;
+  if (file) return readTokensFile(file);
+  return process.env.ORDO_TOKENS ? parseTokens(process.env.ORDO_TOKENS) : [];
+}
+
+function loopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
 }

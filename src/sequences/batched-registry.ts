@@ -24,6 +24,8 @@ export class BatchedRegistry {
   private listener: Listener | undefined;
   private checker: NodeJS.Timeout | undefined;
   private lastCollect = 0;
+  /** Reservations made by this node, per sequence (read by the server's /metrics). */
+  readonly reservations = new Map<string, number>();
 
   constructor(
     private readonly pool: pg.Pool,
@@ -67,6 +69,7 @@ export class BatchedRegistry {
   private async reserve(name: string, waitMs: number | null): Promise<Reservation> {
     const { rows } = await this.run(this.pool, this.plans.reserve, [name, this.nodeId, waitMs]);
     const r = rows[0];
+    this.reservations.set(name, (this.reservations.get(name) ?? 0) + 1);
     if (Date.now() - this.lastCollect > COLLECT_EVERY_MS) {
       this.lastCollect = Date.now();
       this.run(this.pool, this.plans.collectBatches, [KEEP_BATCHES]).catch(() => undefined);

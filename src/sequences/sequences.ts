@@ -178,6 +178,11 @@ export class Sequences {
     return this.batched.get(name)?.takeNow();
   }
 
+  /** Range reservations this node has made, per batched sequence. */
+  get reservations(): ReadonlyMap<string, number> {
+    return this.batched.reservations;
+  }
+
   /** @internal Resolves when every call accepted so far has been answered. */
   async idle(): Promise<void> {
     do {

@@ -1,0 +1,303 @@
+import swagger from '@fastify/swagger';
+import Fastify, { type FastifyError, type FastifyInstance, type FastifyServerOptions } from 'fastify';
+import { OrdoError, type OrdoErrorCode, toOrdoError } from '../errors.js';
+import type { Ordo } from '../ordo.js';
+import { MAX_BATCH } from '../sequences/definitions.js';
+import { MAX_COUNT } from '../sequences/sequences.js';
+import { MAX_VALUE } from '../validate.js';
+import { authenticate, type Scope, type Token } from './auth.js';
+import { createMetrics } from './metrics.js';
+
+export interface ServerOptions {
+  /** Bearer tokens; when empty or absent every route is open. */
+  tokens?: readonly Token[];
+  /** pino options, or false for no logs. */
+  logger?: FastifyServerOptions['logger'];
+  /** Largest request body, in bytes (default 64 KiB). */
+  bodyLimit?: number;
+}
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** The token scope a route needs; routes without one are open (health). */
+    scope?: Scope;
+  }
+}
+
+const NAME = { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]{0,62}$' } as const;
+const INTEGER = { type: 'integer', minimum: -MAX_VALUE, maximum: MAX_VALUE } as const;
+const ERROR = {
+  type: 'object',
+  properties: { code: { type: 'string' }, message: { type: 'string' } },
+  required: ['code', 'message'],
+} as const;
+const DEFINITION = {
+  type: 'object',
+  properties: {
+    name: { type: 'string' },
+    kind: { type: 'string', enum: ['gapless', 'batched'] },
+    start: { type: 'integer' },
+    batch: { type: ['integer', 'null'] },
+    timeoutMs: { type: ['integer', 'null'] },
+    increment: { type: 'integer' },
+    minValue: { type: 'integer' },
+    maxValue: { type: 'integer' },
+    cycle: { type: 'boolean' },
+    reset: { type: 'string' },
+    timeZone: { type: 'string' },
+    format: { type: ['string', 'null'] },
+    epoch: { type: 'integer' },
+    createdAt: { type: 'string', format: 'date-time' },
+    updatedAt: { type: 'string', format: 'date-time' },
+  },
+} as const;
+const DEFINE_BODY = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    kind: { type: 'string', enum: ['gapless', 'batched'] },
+    start: INTEGER,
+    increment: { type: 'integer', minimum: 1, maximum: MAX_VALUE },
+    minValue: INTEGER,
+    maxValue: INTEGER,
+    cycle: { type: 'boolean' },
+    reset: { type: 'string', enum: ['never', 'day', 'week', 'month', 'year'] },
+    timeZone: { type: 'string', minLength: 1, maxLength: 64 },
+    format: { type: ['string', 'null'], maxLength: 200 },
+    batch: { type: 'integer', minimum: 1, maximum: MAX_BATCH },
+    timeout: {
+      anyOf: [
+        { type: 'integer', minimum: 0, maximum: 31_536_000_000 },
+        { type: 'string', maxLength: 64 },
+        { type: 'null' },
+      ],
+    },
+    ifNotExists: { type: 'boolean' },
+    overwrite: { type: 'boolean' },
+  },
+} as const;
+const NEXT_BODY = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    scope: { type: 'string', maxLength: 200 },
+    count: { type: 'integer', minimum: 1, maximum: MAX_COUNT, description: `at most ${MAX_COUNT}` },
+    at: { type: 'string', maxLength: 64, description: 'ISO 8601 timestamp with an offset' },
+  },
+} as const;
+const NEXT_REPLY = {
+  type: 'object',
+  properties: {
+    value: { type: 'integer' },
+    values: { type: 'array', items: { type: 'integer' } },
+    text: { type: 'string' },
+    texts: { type: 'array', items: { type: 'string' } },
+    period: { type: ['string', 'null'] },
+  },
+} as const;
+
+/** Fastify's own client errors, as ordo codes. Anything else unexpected is a 500. */
+const FASTIFY_CODES: Record<string, OrdoErrorCode> = {
+  FST_ERR_CTP_BODY_TOO_LARGE: 'payload_too_large',
+  FST_ERR_CTP_INVALID_MEDIA_TYPE: 'unsupported_media_type',
+  FST_ERR_CTP_INVALID_CONTENT_LENGTH: 'invalid_argument',
+  FST_ERR_CTP_EMPTY_JSON_BODY: 'invalid_argument',
+  FST_ERR_CTP_INVALID_JSON_BODY: 'invalid_argument',
+  FST_ERR_VALIDATION: 'invalid_argument',
+};
+
+/** The HTTP surface of one Ordo client. Routes call the client; they never issue SQL. */
+export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Promise<FastifyInstance> {
+  const tokens = options.tokens ?? [];
+  const app = Fastify({
+    logger: options.logger ?? false,
+    disableRequestLogging: true,
+    bodyLimit: options.bodyLimit ?? 64 * 1024,
+    // Refuse what does not match a schema instead of coercing or dropping it.
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
+    return503OnClosing: true,
+  });
+  const metrics = createMetrics(ordo);
+
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: { title: 'ordo', version: '0.1.0', description: 'Numbers and order you can trust on PostgreSQL' },
+      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+      security: tokens.length ? [{ bearer: [] }] : [],
+    },
+  });
+
+  app.addHook('onRequest', async (request) => {
+    const scope = request.routeOptions.config.scope;
+    if (!scope || tokens.length === 0) return;
+    const token = authenticate(tokens, request.headers.authorization);
+    if (!token)
+      throw new OrdoError('unauthorized', 'a valid bearer token is required (Authorization: Bearer …)');
+    if (!token.scopes.has(scope)) throw new OrdoError('forbidden', `this token lacks the '${scope}' scope`);
+  });
+
+  app.addHook('onResponse', async (request, reply) => {
+    const labels = {
+      route: request.routeOptions.url ?? 'unmatched',
+      method: request.method,
+      status: String(reply.statusCode),
+    };
+    metrics.requests.inc(labels);
+    metrics.latency.observe(labels, reply.elapsedTime / 1000);
+    request.log.info(
+      {
+        method: request.method,
+        url: request.url,
+        status: reply.statusCode,
+        ms: Math.round(reply.elapsedTime * 10) / 10,
+      },
+      'request',
+    );
+  });
+
+  app.setErrorHandler((error: FastifyError, request, reply) => {
+    const known = error instanceof OrdoError ? error : undefined;
+    const code: OrdoErrorCode | undefined =
+      known?.code ??
+      (error.validation ? 'invalid_argument' : error.code ? FASTIFY_CODES[error.code] : undefined) ??
+      (typeof error.statusCode === 'number' && error.statusCode < 500 ? 'invalid_argument' : undefined);
+    const ordoError = known ?? (code ? new OrdoError(code, error.message) : toOrdoError(error));
+    if (ordoError.httpStatus >= 500) request.log.error({ err: error }, 'request failed');
+    metrics.errors.inc({ code: ordoError.code });
+    reply.status(ordoError.httpStatus).send({ code: ordoError.code, message: ordoError.message });
+  });
+
+  app.setNotFoundHandler((request, reply) => {
+    metrics.errors.inc({ code: 'not_found' });
+    reply
+      .status(404)
+      .send({ code: 'not_found', message: `no route ${request.method} ${request.url.split('?')[0]}` });
+  });
+
+  const errors = { 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 503: ERROR };
+
+  app.get('/healthz', { schema: { hide: true } }, async () => ({ status: 'ok' }));
+
+  app.get('/metrics', { config: { scope: 'read' }, schema: { hide: true } }, async (_request, reply) => {
+    reply.type(metrics.registry.contentType);
+    return metrics.registry.metrics();
+  });
+
+  app.get('/openapi.json', { config: { scope: 'read' }, schema: { hide: true } }, async () => app.swagger());
+
+  app.post<{ Body: { query: string } }>(
+    '/v1/query',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        summary: 'Run SurrealQL-compatible statements; one { result } or { error, code } per statement',
+        body: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['query'],
+          properties: { query: { type: 'string', minLength: 1, maxLength: 60_000 } },
+        },
+        response: {
+          ...errors,
+          200: { type: 'array', items: { type: 'object', additionalProperties: true } },
+        },
+      },
+    },
+    async (request) => ordo.query(request.body.query),
+  );
+
+  app.get(
+    '/v1/sequences',
+    {
+      config: { scope: 'read' },
+      schema: { response: { ...errors, 200: { type: 'array', items: DEFINITION } } },
+    },
+    async () => ordo.sequences.list(),
+  );
+
+  app.get<{ Params: { name: string } }>(
+    '/v1/sequences/:name',
+    {
+      config: { scope: 'read' },
+      schema: {
+        params: { type: 'object', properties: { name: NAME } },
+        response: { ...errors, 200: DEFINITION },
+      },
+    },
+    async (request) => {
+      const definition = await ordo.sequences.get(request.params.name);
+      if (!definition) {
+        throw new OrdoError('sequence_not_found', `The sequence '${request.params.name}' does not exist`);
+      }
+      return definition;
+    },
+  );
+
+  app.put<{ Params: { name: string }; Body: Record<string, unknown> }>(
+    '/v1/sequences/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        summary: 'Define a sequence (the options of ordo.sequences.define)',
+        params: { type: 'object', properties: { name: NAME } },
+        body: DEFINE_BODY,
+        response: { ...errors, 200: DEFINITION },
+      },
+    },
+    async (request) => ordo.sequences.define({ ...(request.body ?? {}), name: request.params.name }),
+  );
+
+  app.delete<{ Params: { name: string }; Querystring: { ifExists?: string } }>(
+    '/v1/sequences/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        params: { type: 'object', properties: { name: NAME } },
+        querystring: {
+          type: 'object',
+          additionalProperties: false,
+          properties: { ifExists: { type: 'string', enum: ['true', 'false'] } },
+        },
+        response: { ...errors, 200: { type: 'object', properties: { removed: { type: 'boolean' } } } },
+      },
+    },
+    async (request) => ({
+      removed: await ordo.sequences.remove(request.params.name, {
+        ifExists: request.query.ifExists === 'true',
+      }),
+    }),
+  );
+
+  app.post<{ Params: { name: string }; Body: { scope?: string; count?: number; at?: string } | undefined }>(
+    '/v1/sequences/:name/next',
+    {
+      config: { scope: 'next' },
+      schema: {
+        summary: 'Take the next value(s) of a sequence',
+        params: { type: 'object', properties: { name: NAME } },
+        body: { ...NEXT_BODY, type: ['object', 'null'] },
+        response: { ...errors, 200: NEXT_REPLY },
+      },
+    },
+    async (request) => {
+      const { scope, count, at } = request.body ?? {};
+      const name = request.params.name;
+      const opts = { ...(scope === undefined ? {} : { scope }), ...(at === undefined ? {} : { at }) };
+      const issued =
+        count === undefined
+          ? [await ordo.sequences.next(name, opts)]
+          : await ordo.sequences.nextMany(name, count, opts);
+      metrics.issued.inc({ sequence: name }, issued.length);
+      return {
+        value: issued[0]!.value,
+        values: issued.map((i) => i.value),
+        text: issued[0]!.text,
+        texts: issued.map((i) => i.text),
+        period: issued[0]!.period,
+      };
+    },
+  );
+
+  return app;
+}
