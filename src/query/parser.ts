@@ -4,24 +4,16 @@ import { MAX_BATCH } from '../sequences/definitions.js';
 import { validateFormat } from '../sequences/format.js';
 import { identifier, invalid, MAX_VALUE } from '../validate.js';
 import { describeToken, Lexer, position, syntaxError, type Token } from './lexer.js';
-import { type DefineSequenceStatement, RESET_KEYWORDS, type Statement } from './statements.js';
+import {
+  CLAUSES,
+  type Clause,
+  type DefineSequenceStatement,
+  RESET_KEYWORDS,
+  type Statement,
+} from './statements.js';
 
 /** Largest BATCH, as in SurrealDB's documentation of DEFINE SEQUENCE. */
 const MAX_TIME_ZONE_LENGTH = 64;
-
-const CLAUSES = [
-  'BATCH',
-  'START',
-  'TIMEOUT',
-  'GAPLESS',
-  'INCREMENT',
-  'MAXVALUE',
-  'CYCLE',
-  'RESET',
-  'TIMEZONE',
-  'FORMAT',
-] as const;
-type Clause = (typeof CLAUSES)[number];
 
 const STATEMENT_STARTS = 'DEFINE, ALTER, REMOVE, RETURN, INFO or sequence::nextval';
 const STATEMENT_END = "';' or end of input";

@@ -43,6 +43,21 @@ export interface PrintableDefinition {
 export const RESET_KEYWORDS = { DAILY: 'day', WEEKLY: 'week', MONTHLY: 'month', YEARLY: 'year' } as const;
 const RESET_TEXT = { day: 'DAILY', week: 'WEEKLY', month: 'MONTHLY', year: 'YEARLY' } as const;
 
+/** The clauses of DEFINE SEQUENCE, each allowed once, in any order. */
+export const CLAUSES = [
+  'BATCH',
+  'START',
+  'TIMEOUT',
+  'GAPLESS',
+  'INCREMENT',
+  'MAXVALUE',
+  'CYCLE',
+  'RESET',
+  'TIMEZONE',
+  'FORMAT',
+] as const;
+export type Clause = (typeof CLAUSES)[number];
+
 /**
  * Every keyword of the grammar. A name spelt like one is printed in backticks: it is only
  * needed for OVERWRITE and IF (`DEFINE SEQUENCE if …` starts IF NOT EXISTS), but quoting
@@ -64,16 +79,7 @@ export const KEYWORDS: ReadonlySet<string> = new Set([
   'NOT',
   'EXISTS',
   'DROP',
-  'BATCH',
-  'START',
-  'TIMEOUT',
-  'GAPLESS',
-  'INCREMENT',
-  'MAXVALUE',
-  'CYCLE',
-  'RESET',
-  'TIMEZONE',
-  'FORMAT',
+  ...CLAUSES,
   ...Object.keys(RESET_KEYWORDS),
 ]);
 
