@@ -66,8 +66,11 @@ describe('ordo CLI', () => {
     expect(missing.code).toBe(1);
     expect(missing.err.trim()).toBe("ordo: sequence_not_found: The sequence 'nope' does not exist");
     const bad = cli('next', 'ticket', '--count', 'lots');
-    expect(bad.code).toBe(1);
-    expect(bad.err).toContain('invalid_argument: count must be a whole number');
+    expect(bad.code).toBe(2);
+    expect(bad.err.trim()).toBe("ordo: --count must be a whole number (got 'lots')");
+    const tooMany = cli('next', 'ticket', '--count', '10001');
+    expect(tooMany.code).toBe(1);
+    expect(tooMany.err).toContain('invalid_argument: count must be a whole number from 1 to 10000');
   });
 
   it("runs statements with `ordo sql`, printing SurrealDB's answers (and --json)", () => {

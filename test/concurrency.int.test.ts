@@ -323,3 +323,32 @@ describe('batched standalone calls at the edges', () => {
     expect(values).toEqual([1, 2, 'sequence_exhausted', 'sequence_exhausted', 1, 2, 3]);
   });
 });
+
+describe('coalesced nextMany', () => {
+  it('concurrent standalone nextMany calls share statements; each caller gets consecutive values', async () => {
+    let statements = 0;
+    const counting = new pg.Pool({ connectionString: db.url, max: 4 });
+    const query = counting.query.bind(counting) as (...args: any[]) => any;
+    (counting as any).query = (...args: any[]) => {
+      if (typeof args[0] === 'string' && /\.take(_many)?\(/.test(args[0])) statements++;
+      return query(...args);
+    };
+    const local = await createOrdo({ pool: counting });
+    try {
+      await local.sequences.define({ name: 'many_hot' });
+      const counts = range(1, 200).map((i) => 1 + (i % 7));
+      const results = await Promise.all(counts.map((n) => local.sequences.nextMany('many_hot', n)));
+      for (const [i, issued] of results.entries()) {
+        expect(issued).toHaveLength(counts[i]!);
+        const first = issued[0]!.value;
+        expect(issued.map((x) => x.value)).toEqual(range(first, first + counts[i]! - 1));
+      }
+      const total = counts.reduce((a, b) => a + b, 0);
+      expect(sorted(results.flat().map((x) => x.value))).toEqual(range(1, total));
+      expect(statements).toBeLessThan(20);
+    } finally {
+      await local.close();
+      await counting.end();
+    }
+  });
+});

@@ -787,9 +787,16 @@ describe('embedded_failed', () => {
 // run on (the DATABASE_URL one and the embedded PostgreSQL 18) is newer, and faking
 // server_version_num would mean mocking the database. It is not reachable here.
 //
-// unauthorized and forbidden belong to the HTTP server's authentication; nothing in the
-// library API (createOrdo, sequences.*, nextval, close) raises them.
-const UNREACHABLE: OrdoErrorCode[] = ['unsupported_server', 'unauthorized', 'forbidden'];
+// unauthorized, forbidden, not_found, payload_too_large and unsupported_media_type belong to
+// the HTTP server (test/server.int.test.ts reaches them); nothing in the library API raises them.
+const UNREACHABLE: OrdoErrorCode[] = [
+  'unsupported_server',
+  'unauthorized',
+  'forbidden',
+  'not_found',
+  'payload_too_large',
+  'unsupported_media_type',
+];
 
 describe('coverage of ERROR_CODES', () => {
   it('every reachable code was raised by a test above', () => {

@@ -22,7 +22,8 @@ export type TakeOne = (request: Request) => Promise<Issued[]>;
 export type TakeBatch = (requests: Request[]) => Promise<Issued[][]>;
 
 interface Waiter {
-  resolve(issued: Issued): void;
+  count: number;
+  resolve(issued: Issued[]): void;
   reject(error: unknown): void;
 }
 
@@ -34,12 +35,13 @@ interface Group {
 /**
  * Standalone calls share statements. Calls queue while `maxInFlight` statements run; the next
  * statement serves every queued call at once, grouped by (sequence, scope, at): one request
- * per group asks for as many values as the group has callers. Each caller gets its own
- * number, in arrival order within its group, and none is skipped, because a statement takes
- * exactly the values it hands out.
+ * per group asks for as many values as its callers want together. Each caller gets its own
+ * consecutive values, in arrival order within its group, and none is skipped, because a
+ * statement takes exactly the values it hands out.
  */
 export class Coalescer {
   private queue = new Map<string, Group>();
+  /** Values wanted by queued callers. */
   private queued = 0;
   private inFlight = 0;
   private scheduled = false;
@@ -49,19 +51,20 @@ export class Coalescer {
     private readonly takeOne: TakeOne,
     private readonly takeBatch: TakeBatch,
     private readonly maxInFlight = 2,
-    private readonly maxBatch = 1000,
+    /** Values one statement takes at most (a single caller may ask for more). */
+    private readonly maxBatch = 10_000,
   ) {}
 
-  take(name: string, scope: string, at: string | null): Promise<Issued> {
+  take(name: string, scope: string, at: string | null, count = 1): Promise<Issued[]> {
     const id = `${name}\u0000${scope}\u0000${at ?? ''}`;
-    return new Promise<Issued>((resolve, reject) => {
+    return new Promise<Issued[]>((resolve, reject) => {
       let group = this.queue.get(id);
       if (!group) {
         group = { key: { name, scope, at }, waiters: [] };
         this.queue.set(id, group);
       }
-      group.waiters.push({ resolve, reject });
-      this.queued++;
+      group.waiters.push({ count, resolve, reject });
+      this.queued += count;
       this.schedule();
     });
   }
@@ -90,15 +93,24 @@ export class Coalescer {
     let size = 0;
     for (const [id, group] of this.queue) {
       if (size >= this.maxBatch) break;
-      const room = this.maxBatch - size;
-      if (group.waiters.length <= room) {
+      // Whole callers, up to maxBatch values (always at least one caller).
+      let taken = 0;
+      let values = 0;
+      while (
+        taken < group.waiters.length &&
+        (size + values === 0 || size + values + group.waiters[taken]!.count <= this.maxBatch)
+      ) {
+        values += group.waiters[taken]!.count;
+        taken++;
+      }
+      if (taken === 0) break;
+      if (taken === group.waiters.length) {
         this.queue.delete(id);
         batch.push(group);
-        size += group.waiters.length;
       } else {
-        batch.push({ key: group.key, waiters: group.waiters.splice(0, room) });
-        size += room;
+        batch.push({ key: group.key, waiters: group.waiters.splice(0, taken) });
       }
+      size += values;
     }
     this.queued -= size;
     this.inFlight++;
@@ -114,7 +126,7 @@ export class Coalescer {
   private async serve(batch: Group[]): Promise<void> {
     if (batch.length === 1) return this.serveGroup(batch[0]!);
     try {
-      const results = await this.takeBatch(batch.map((g) => ({ ...g.key, count: g.waiters.length })));
+      const results = await this.takeBatch(batch.map((g) => ({ ...g.key, count: wanted(g) })));
       batch.forEach((g, i) => answer(g, results[i]!));
     } catch {
       // One request failed (an unknown sequence, an exhausted one, a row held by a transaction):
@@ -125,14 +137,13 @@ export class Coalescer {
 
   private async serveGroup(group: Group): Promise<void> {
     try {
-      answer(group, await this.takeOne({ ...group.key, count: group.waiters.length }));
+      answer(group, await this.takeOne({ ...group.key, count: wanted(group) }));
     } catch (error) {
       if (group.waiters.length > 1 && error instanceof OrdoError && error.code === 'sequence_exhausted') {
-        // More was asked than is left: one by one, so each value still left goes to a caller.
+        // More was asked than is left: caller by caller, so what is left goes to the first ones.
         for (const w of group.waiters) {
           try {
-            const [issued] = await this.takeOne({ ...group.key, count: 1 });
-            w.resolve(issued!);
+            w.resolve(await this.takeOne({ ...group.key, count: w.count }));
           } catch (e) {
             w.reject(e);
           }
@@ -144,6 +155,15 @@ export class Coalescer {
   }
 }
 
+function wanted(group: Group): number {
+  return group.waiters.reduce((n, w) => n + w.count, 0);
+}
+
+/** Each caller its own consecutive slice, in arrival order. */
 function answer(group: Group, issued: Issued[]): void {
-  for (const [i, w] of group.waiters.entries()) w.resolve(issued[i]!);
+  let from = 0;
+  for (const w of group.waiters) {
+    w.resolve(issued.slice(from, from + w.count));
+    from += w.count;
+  }
 }

@@ -202,8 +202,8 @@ export class Sequences {
     const definition = await this.definition(c.name);
     try {
       if (definition.kind === 'batched') return await this.takeBatched(definition, c, count);
-      if (c.tx || count > 1) return await this.takeMany(c.tx ?? this.pool, c.name, c.scope, c.at, count);
-      return [await this.coalescer.take(c.name, c.scope, c.at)];
+      if (c.tx) return await this.takeMany(c.tx, c.name, c.scope, c.at, count);
+      return await this.coalescer.take(c.name, c.scope, c.at, count);
     } catch (e) {
       const sqlstate = (e as { cause?: { code?: string } }).cause?.code;
       const stale = sqlstate === 'OX004' || (e instanceof OrdoError && e.code === 'sequence_not_found');
