@@ -24,6 +24,14 @@ export class BatchedRegistry {
   private listener: Listener | undefined;
   private checker: NodeJS.Timeout | undefined;
   private lastCollect = 0;
+  /**
+   * A connection of its own for reservations. pg-pool hands out connections on a later tick,
+   * which a tight `await nextval()` loop never yields to; a connected client writes the
+   * statement at once, so the next range is reserved while the current one is being used.
+   */
+  private reserver: pg.Client | undefined;
+  private reserverBusy = false;
+  private connecting: Promise<void> | undefined;
   /** Reservations made by this node, per sequence (read by the server's /metrics). */
   readonly reservations = new Map<string, number>();
 
@@ -64,10 +72,21 @@ export class BatchedRegistry {
     clearInterval(this.checker);
     for (const name of [...this.allocators.keys()]) this.forget(name);
     await this.listener?.stop();
+    await this.connecting;
+    await this.reserver?.end().catch(() => undefined);
+    this.reserver = undefined;
   }
 
   private async reserve(name: string, waitMs: number | null): Promise<Reservation> {
-    const { rows } = await this.run(this.pool, this.plans.reserve, [name, this.nodeId, waitMs]);
+    const dedicated = this.reserver && !this.reserverBusy ? this.reserver : undefined;
+    if (!this.reserver) this.connectReserver();
+    if (dedicated) this.reserverBusy = true;
+    let rows: any[];
+    try {
+      ({ rows } = await this.run(dedicated ?? this.pool, this.plans.reserve, [name, this.nodeId, waitMs]));
+    } finally {
+      if (dedicated) this.reserverBusy = false;
+    }
     const r = rows[0];
     this.reservations.set(name, (this.reservations.get(name) ?? 0) + 1);
     if (Date.now() - this.lastCollect > COLLECT_EVERY_MS) {
@@ -83,11 +102,33 @@ export class BatchedRegistry {
     };
   }
 
+  private connectReserver(): void {
+    if (this.connecting || this.isClosed()) return;
+    const client = this.newClient();
+    client.on('error', () => {
+      if (this.reserver === client) this.reserver = undefined;
+    });
+    this.connecting = client
+      .connect()
+      .then(() => {
+        if (this.isClosed()) return void client.end().catch(() => undefined);
+        this.reserver = client;
+      })
+      .catch(() => undefined) // the pool serves reservations until a connection is made
+      .finally(() => {
+        this.connecting = undefined;
+      });
+  }
+
+  private newClient(): pg.Client {
+    const options = (this.pool as unknown as { options: pg.ClientConfig }).options;
+    return new (this.pool as unknown as { Client: typeof pg.Client }).Client(options);
+  }
+
   private watch(): void {
     if (!this.listener) {
-      const options = (this.pool as unknown as { options: pg.ClientConfig }).options;
       this.listener = new Listener(
-        () => new (this.pool as unknown as { Client: typeof pg.Client }).Client(options),
+        () => this.newClient(),
         this.plans.channel,
         (name) => this.onChange(name),
         () => {
