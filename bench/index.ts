@@ -5,15 +5,17 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { startEmbedded } from '../src/db/embedded.js';
+import { batched } from './batched.js';
 import { gapless } from './gapless.js';
 import { type BenchContext, machine, renderTable, type Suite, settings } from './harness.js';
+import { http } from './http.js';
 
 /**
  * `npm run bench`: runs every suite against a scratch database and prints their tables.
  * The server is DATABASE_URL / ORDO_DATABASE_URL when set, else an embedded PostgreSQL in a
  * temporary directory; the scratch database (and the embedded server) are removed at the end.
  */
-const suites: Suite[] = [gapless];
+const suites: Suite[] = [gapless, batched, http];
 
 interface Server {
   url: string;
