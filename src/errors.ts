@@ -47,6 +47,8 @@ const SQLSTATE_CODES: Record<string, OrdoErrorCode> = {
   '22003': 'invalid_argument', // numeric_value_out_of_range
   '22008': 'invalid_argument', // datetime_field_overflow
   '22009': 'invalid_argument', // invalid_time_zone_displacement_value
+  '22021': 'invalid_argument', // character_not_in_repertoire (a NUL in a text)
+  '22P05': 'invalid_argument', // untranslatable_character
   '22023': 'invalid_argument', // invalid_parameter_value
   '23514': 'invalid_argument', // check_violation
   '57014': 'timeout', // query_canceled (statement_timeout)

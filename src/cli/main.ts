@@ -131,6 +131,7 @@ const COMMANDS: Record<string, Command> = {
     usage: `ordo migrate
   Applies ordo's migrations to the database (every command does so too).`,
     options: {},
+    check: noArguments('migrate'),
     async run() {
       console.log('ordo: schema is up to date');
       return 0;
@@ -141,6 +142,7 @@ const COMMANDS: Record<string, Command> = {
     usage: `ordo status [--json]
   Lists the sequences with their current values per scope and period.`,
     options: { json: { type: 'boolean' } },
+    check: noArguments('status'),
     async run(ordo, _args, flags) {
       const rows = await ordo.sequences.status();
       if (flags.json) console.log(JSON.stringify(rows, null, 2));
@@ -165,6 +167,7 @@ const COMMANDS: Record<string, Command> = {
   Runs the benchmark suite (npm run bench) against --database-url / DATABASE_URL, or an embedded PostgreSQL.
   Needs the ordo repository (the benchmarks are not part of the published package).`,
     options: {},
+    check: noArguments('bench'),
     standalone: true,
     async run(_ordo, _args, flags) {
       const root = fileURLToPath(new URL('../../', import.meta.url));
@@ -229,7 +232,8 @@ export async function main(argv: string[]): Promise<number> {
     }
     command.check?.(flags, args);
   } catch (e) {
-    console.error(`ordo: ${(e as Error).message}`);
+    // node's parseArgs explains some refusals over several lines: the first says what is wrong.
+    console.error(`ordo: ${(e as Error).message.split('\n')[0]}`);
     return 2;
   }
   let ordo: Ordo | undefined;
@@ -254,6 +258,12 @@ function open(flags: Flags): Promise<Ordo> {
   const schema = flags.schema as string | undefined;
   const dataDir = `${(flags['data-dir'] as string | undefined) ?? '.ordo'}/pg`;
   return url ? createOrdo({ databaseUrl: url, schema }) : createOrdo({ embedded: { dataDir }, schema });
+}
+
+function noArguments(command: string): (flags: Flags, args: string[]) => void {
+  return (_flags, args) => {
+    if (args.length > 0) throw usage(`ordo ${command} takes no arguments (got '${args[0]}')`);
+  };
 }
 
 function port(value: unknown): number {

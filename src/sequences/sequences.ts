@@ -306,15 +306,24 @@ function checkNext(name: string, options: NextOptions): Checked {
 /** A date, or a date-time with an explicit offset: a local time without one would be read in the Node process's zone. */
 const ISO_8601 =
   /^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}(?::?\d{2})?))?$/i;
-const FIRST_DAY = Date.UTC(1, 0, 1) - 14 * 3600_000;
-const LAST_DAY = Date.UTC(9999, 11, 31, 23, 59, 59, 999) + 14 * 3600_000;
+// Date.UTC would read the year 1 as 1901: parse instead.
+const FIRST_INSTANT = Date.parse('0001-01-01T00:00:00Z');
+const LAST_INSTANT = Date.parse('9999-12-31T23:59:59.999Z');
+
+/** ISO 8601 as ISO_8601 describes it, and a real calendar day (no 30 February rolling into March). */
+function isIsoDate(text: string): boolean {
+  if (!ISO_8601.test(text)) return false;
+  const [year, month, day] = text.slice(0, 10).split('-').map(Number) as [number, number, number];
+  const probe = new Date(0);
+  probe.setUTCFullYear(year, month - 1, day);
+  return probe.getUTCMonth() === month - 1 && probe.getUTCDate() === day;
+}
 
 function checkAt(at: unknown): string | null {
   if (at === undefined) return null;
-  const date =
-    at instanceof Date ? at : typeof at === 'string' && ISO_8601.test(at) ? new Date(at) : undefined;
+  const date = at instanceof Date ? at : typeof at === 'string' && isIsoDate(at) ? new Date(at) : undefined;
   const time = date?.getTime() ?? Number.NaN;
-  if (Number.isNaN(time) || time < FIRST_DAY || time > LAST_DAY) {
+  if (Number.isNaN(time) || time < FIRST_INSTANT || time > LAST_INSTANT) {
     throw invalid(
       `at must be a Date or an ISO 8601 timestamp with an offset, such as '2026-12-31T23:00:00Z', in the years 1 to 9999 (got ${describe(at)})`,
     );

@@ -2,6 +2,7 @@ import swagger from '@fastify/swagger';
 import Fastify, {
   type FastifyError,
   type FastifyInstance,
+  type FastifyReply,
   type FastifyServerOptions,
   LogController,
 } from 'fastify';
@@ -114,6 +115,7 @@ const FASTIFY_CODES: Record<string, OrdoErrorCode> = {
 /** The HTTP surface of one Ordo client. Routes call the client; they never issue SQL. */
 export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Promise<FastifyInstance> {
   const tokens = options.tokens ?? [];
+  const metrics = createMetrics(ordo);
   const app = Fastify({
     logger: options.logger ?? false,
     // One line per request, written by the onResponse hook below, instead of Fastify's two.
@@ -121,9 +123,26 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     bodyLimit: options.bodyLimit ?? 64 * 1024,
     // Refuse what does not match a schema instead of coercing or dropping it.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
-    return503OnClosing: true,
+    // Refusals while closing are ordo's { code: 'closed' } (see onRequest), not Fastify's body.
+    return503OnClosing: false,
+    // Long names reach the schema, which refuses them with a 400 like any other bad name.
+    maxParamLength: 16_384,
+    frameworkErrors: (error, _request, reply) => {
+      metrics.errors.inc({ code: 'invalid_argument' });
+      (reply as FastifyReply).status(400).send({ code: 'invalid_argument', message: error.message });
+    },
   });
-  const metrics = createMetrics(ordo);
+  // JSON only: a text/plain body is refused with 415, never parsed as something else.
+  app.removeContentTypeParser('text/plain');
+  let closing = false;
+  app.addHook('preClose', async () => {
+    closing = true;
+  });
+  // Once closing, every answer closes its connection, so a kept-alive client cannot hold the
+  // server open after its last request.
+  app.addHook('onSend', async (_request, reply) => {
+    if (closing) reply.header('connection', 'close');
+  });
 
   await app.register(swagger, {
     openapi: {
@@ -135,6 +154,7 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
   });
 
   app.addHook('onRequest', async (request) => {
+    if (closing) throw new OrdoError('closed', 'the server is shutting down');
     const scope = request.routeOptions.config.scope;
     if (!scope || tokens.length === 0) return;
     const token = authenticate(tokens, request.headers.authorization);
