@@ -8,6 +8,12 @@
 -- unique across nodes and SQL callers alike.
 
 ALTER TABLE {{schema}}.sequences ADD COLUMN storage text;
+
+-- Epochs come from one sequence, so a name removed and defined again never gets an epoch a
+-- node may still hold ranges of.
+CREATE SEQUENCE {{schema}}.epochs AS integer;
+SELECT setval('{{schema}}.epochs', greatest(1, (SELECT max(epoch) FROM {{schema}}.sequences)));
+ALTER TABLE {{schema}}.sequences ALTER COLUMN epoch SET DEFAULT nextval('{{schema}}.epochs');
 ALTER TABLE {{schema}}.sequences ADD CONSTRAINT batched_shape CHECK (
   kind = 'gapless'
   OR (batch IS NOT NULL AND storage IS NOT NULL AND NOT cycle AND reset = 'never' AND format IS NULL
@@ -72,7 +78,8 @@ BEGIN
   IF existed AND old.kind = 'batched' THEN
     start_at := greatest(seq_start, {{schema}}.storage_position(old.storage));
   ELSIF existed AND seq_kind = 'batched' THEN
-    start_at := greatest(seq_start, coalesce(
+    -- old.start counts too: a gapless sequence that was batched before continues above it.
+    start_at := greatest(seq_start, old.start, coalesce(
       (SELECT max(c.value) + old.increment FROM {{schema}}.counters AS c WHERE c.sequence = seq_name), seq_start));
   END IF;
   IF seq_kind = 'gapless' AND seq_reset <> 'never' THEN
@@ -100,7 +107,7 @@ BEGIN
            increment = seq_increment, min_value = seq_min, max_value = seq_max, cycle = seq_cycle,
            batch = seq_batch, timeout_ms = seq_timeout_ms, reset = seq_reset, time_zone = seq_time_zone,
            format = seq_format, storage = CASE WHEN seq_kind = 'batched' THEN coalesce(old.storage, new_storage) END,
-           epoch = d.epoch + 1, updated_at = now()
+           epoch = nextval('{{schema}}.epochs'), updated_at = now()
      WHERE d.name = seq_name
     RETURNING d.* INTO result;
     PERFORM pg_notify('ordo_sequences.{{schema_name}}', seq_name);
@@ -175,12 +182,16 @@ BEGIN
 END $$;
 
 -- The first value of the next block of a batched sequence.
+-- Lock order, everywhere: the definition row, then the storage. The row is held FOR KEY SHARE
+-- (reservations never block each other), so a redefinition or removal, which locks the row
+-- FOR UPDATE first, waits for every nextval() in flight before it reads where the storage
+-- stands, and the two can never deadlock.
 CREATE FUNCTION {{schema}}.take_block(seq_name text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   s {{schema}}.sequences;
 BEGIN
-  SELECT * INTO s FROM {{schema}}.sequences AS d WHERE d.name = seq_name;
+  SELECT * INTO s FROM {{schema}}.sequences AS d WHERE d.name = seq_name FOR KEY SHARE;
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'OX001', MESSAGE = format('The sequence %L does not exist', seq_name);
   END IF;

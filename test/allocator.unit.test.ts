@@ -1,0 +1,513 @@
+// The batched-sequence Allocator and its back-off, against an in-memory `reserve` that behaves
+// like the storage sequence (one counter stepping by batch × increment): no database.
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep, setImmediate as tick } from 'node:timers/promises';
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { OrdoError } from '../src/errors.js';
+import {
+  Allocator,
+  BACKOFF_BASE_MS,
+  BACKOFF_CAP_MS,
+  backoffDelay,
+  type Reservation,
+  type Reserve,
+  TIMEOUT_MESSAGE,
+} from '../src/sequences/batched.js';
+
+interface StorageOptions {
+  batch: number;
+  increment?: number;
+  start?: number;
+  /** The definition's epoch seen by the n-th reservation (1-based). */
+  epoch?: (n: number) => number;
+  timeoutMs?: number | null;
+  /** Awaited before the range is taken from the counter (a round trip). */
+  latency?: () => Promise<unknown>;
+}
+
+/** A fake storage sequence: each reservation takes the next block from one counter. */
+function storage(o: StorageOptions) {
+  const increment = o.increment ?? 1;
+  const s = {
+    position: o.start ?? 0,
+    calls: 0,
+    inFlight: 0,
+    maxInFlight: 0,
+    waits: [] as (number | null)[],
+    handed: [] as Reservation[],
+    reserve: (async (_name, waitMs) => {
+      s.calls++;
+      s.waits.push(waitMs);
+      s.inFlight++;
+      s.maxInFlight = Math.max(s.maxInFlight, s.inFlight);
+      try {
+        await (o.latency ?? tick)();
+        const first = s.position;
+        s.position += o.batch * increment;
+        const r: Reservation = {
+          first,
+          last: first + (o.batch - 1) * increment,
+          increment,
+          epoch: o.epoch?.(s.calls) ?? 1,
+          timeoutMs: o.timeoutMs === undefined ? null : o.timeoutMs,
+        };
+        s.handed.push(r);
+        return r;
+      } finally {
+        s.inFlight--;
+      }
+    }) as Reserve,
+  };
+  return s;
+}
+
+function deferred<T>() {
+  let resolve!: (value: T) => void;
+  let reject!: (reason: unknown) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}
+
+/** A reserve whose calls wait until the test answers them, one by one. */
+function manual() {
+  const pending: { waitMs: number | null; answer: ReturnType<typeof deferred<Reservation>> }[] = [];
+  const reserve: Reserve = (_name, waitMs) => {
+    const answer = deferred<Reservation>();
+    pending.push({ waitMs, answer });
+    return answer.promise;
+  };
+  return { reserve, pending };
+}
+
+const range = (first: number, last: number, epoch = 1): Reservation => ({
+  first,
+  last,
+  increment: 1,
+  epoch,
+  timeoutMs: null,
+});
+
+/** Lets every pending microtask and one macrotask run. */
+const flush = async () => {
+  for (let i = 0; i < 3; i++) await tick();
+};
+
+const open = () => false;
+
+/** Settles like `p`, or rejects when `p` is still pending after `ms`: a hang fails fast. */
+function within<T>(p: Promise<T>, ms: number): Promise<T> {
+  return Promise.race([
+    p,
+    sleep(ms).then(() => {
+      throw new Error(`still pending after ${ms} ms`);
+    }),
+  ]);
+}
+
+/** All the values of the reservations, in order, as the allocator should hand them out. */
+function valuesOf(reservations: Reservation[]): number[] {
+  const out: number[] = [];
+  for (const r of reservations) for (let v = r.first; v <= r.last; v += r.increment) out.push(v);
+  return out;
+}
+
+function strictlyIncreasing(xs: number[]): boolean {
+  return xs.every((x, i) => i === 0 || x > xs[i - 1]!);
+}
+
+describe('backoffDelay', () => {
+  const cap = (attempt: number) => Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** attempt);
+
+  it('is the injected random fraction of min(1000, 10·2^attempt)', () => {
+    expect([BACKOFF_BASE_MS, BACKOFF_CAP_MS]).toEqual([10, 1000]);
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 0, max: 200 }),
+        fc.double({ min: 0, max: 1, maxExcluded: true, noNaN: true }),
+        (attempt, r) => {
+          const d = backoffDelay(attempt, () => r);
+          expect(d).toBeGreaterThanOrEqual(0);
+          expect(d).toBeLessThanOrEqual(cap(attempt));
+          expect(d).toBeCloseTo(r * cap(attempt), 9);
+        },
+      ),
+    );
+    // The bound doubles from 10 ms and stops at 1 s.
+    expect([0, 1, 2, 6, 7, 30].map((a) => backoffDelay(a, () => 0.999999))).toEqual(
+      [10, 20, 40, 640, 1000, 1000].map((c) => c * 0.999999),
+    );
+  });
+
+  it('stays within [0, min(1000, 10·2^attempt)] with Math.random', () => {
+    fc.assert(
+      fc.property(fc.integer({ min: 0, max: 200 }), (attempt) => {
+        const d = backoffDelay(attempt);
+        return d >= 0 && d <= cap(attempt) && Number.isFinite(d);
+      }),
+      { numRuns: 2000 },
+    );
+  });
+
+  it('is jittered over the whole interval (full jitter), not a fixed step', () => {
+    for (const attempt of [3, 12]) {
+      const samples = Array.from({ length: 1000 }, () => backoffDelay(attempt));
+      const c = cap(attempt);
+      expect(new Set(samples).size).toBeGreaterThan(990);
+      expect(Math.min(...samples)).toBeLessThan(c * 0.05);
+      expect(Math.max(...samples)).toBeGreaterThan(c * 0.95);
+      const mean = samples.reduce((a, b) => a + b, 0) / samples.length;
+      expect(mean).toBeGreaterThan(c * 0.4);
+      expect(mean).toBeLessThan(c * 0.6);
+    }
+  });
+});
+
+describe('Allocator', () => {
+  it('keeps one reservation in flight even with 1000 concurrent take() calls', async () => {
+    const s = storage({ batch: 7, latency: () => sleep(1) });
+    const a = new Allocator('ids', s.reserve, null, open);
+    const resolved: number[] = [];
+    await Promise.all(Array.from({ length: 1000 }, () => a.take().then((v) => resolved.push(v))));
+    expect(s.maxInFlight).toBe(1);
+    expect(resolved).toHaveLength(1000);
+    expect(new Set(resolved).size).toBe(1000);
+    // Nothing skipped: the first 1000 values of the ranges, in the order they were handed out.
+    expect(resolved).toEqual(valuesOf(s.handed).slice(0, 1000));
+    // ⌈1000 / 7⌉ ranges used, plus at most one prefetched.
+    expect(s.calls).toBeGreaterThanOrEqual(143);
+    expect(s.calls).toBeLessThanOrEqual(144);
+  });
+
+  it('property: values are unique, increasing, and exactly the ranges in order, whatever the batch, increment and concurrency', async () => {
+    await fc.assert(
+      fc.asyncProperty(
+        fc.integer({ min: 1, max: 20 }),
+        fc.integer({ min: 1, max: 5 }),
+        fc.integer({ min: -50, max: 50 }),
+        fc.array(fc.integer({ min: 1, max: 30 }), { minLength: 1, maxLength: 12 }),
+        fc.boolean(),
+        async (batch, increment, start, groups, slow) => {
+          const s = storage({ batch, increment, start, latency: slow ? () => sleep(0) : undefined });
+          const a = new Allocator('ids', s.reserve, null, open);
+          const resolved: number[] = [];
+          for (const size of groups) {
+            // `size` callers at once, as ordo.nextval() does: memory first, then wait.
+            await Promise.all(
+              Array.from({ length: size }, async () => {
+                resolved.push(a.takeNow() ?? (await a.take()));
+              }),
+            );
+          }
+          const total = groups.reduce((x, y) => x + y, 0);
+          expect(s.maxInFlight).toBeLessThanOrEqual(1);
+          expect(strictlyIncreasing(resolved)).toBe(true);
+          expect(resolved).toEqual(valuesOf(s.handed).slice(0, total));
+          // Never more than one range ahead of what is used.
+          expect(s.calls).toBeLessThanOrEqual(Math.ceil(total / batch) + 1);
+        },
+      ),
+      { numRuns: 150 },
+    );
+  });
+
+  it('requests the next range as soon as the current one is in use, before it runs out', async () => {
+    const s = storage({ batch: 10 });
+    const a = new Allocator('ids', s.reserve, null, open);
+    expect(await a.take()).toBe(0);
+    // Nine values still in memory, and the next range already asked for.
+    expect(s.calls).toBe(2);
+    await flush();
+    // The rest of the first range and the whole second one come from memory, synchronously.
+    const fromMemory = Array.from({ length: 19 }, () => a.takeNow());
+    expect(fromMemory).toEqual(Array.from({ length: 19 }, (_, i) => i + 1));
+    // Starting on the second range asked for the third at once.
+    expect(s.calls).toBe(3);
+    await flush();
+    expect(a.takeNow()).toBe(20);
+    expect(s.calls).toBe(4);
+  });
+
+  it('a node drawing steadily never waits for a round trip once started', async () => {
+    const s = storage({ batch: 100, latency: () => sleep(1) });
+    const a = new Allocator('ids', s.reserve, null, open);
+    let waited = 0;
+    const values: number[] = [];
+    for (let i = 0; i < 1000; i++) {
+      let v = a.takeNow();
+      if (v === undefined) {
+        waited++;
+        v = await a.take();
+      }
+      values.push(v);
+      // Slower than the storage: a round trip per 100 values is well within 10 × 1 ms … pauses.
+      if (i % 10 === 9) await sleep(2);
+    }
+    expect(values).toEqual(Array.from({ length: 1000 }, (_, i) => i));
+    expect(waited).toBe(1);
+  });
+
+  it('drop() during a reservation discards that reservation’s range: a gap, never a reuse', async () => {
+    const m = manual();
+    const a = new Allocator('ids', m.reserve, null, open);
+    const first = a.take();
+    expect(m.pending).toHaveLength(1);
+    a.drop();
+    m.pending[0]!.answer.resolve(range(0, 9));
+    await flush();
+    // The caller still waits: the range reserved before drop() is not installed.
+    expect(m.pending).toHaveLength(2);
+    m.pending[1]!.answer.resolve(range(10, 19));
+    expect(await first).toBe(10);
+    const later = [a.takeNow(), a.takeNow(), a.takeNow()];
+    expect(later).toEqual([11, 12, 13]);
+    for (let i = 0; i < 6; i++) expect(a.takeNow()).toBeGreaterThanOrEqual(14);
+  });
+
+  it('drop() discards the range in use and the spare: the next value comes from a new reservation', async () => {
+    const s = storage({ batch: 10 });
+    const a = new Allocator('ids', s.reserve, null, open);
+    expect(await a.take()).toBe(0);
+    await flush(); // spare [10..19] held
+    expect(s.calls).toBe(2);
+    a.drop();
+    expect(a.takeNow()).toBeUndefined();
+    expect(a.heldEpoch).toBeUndefined();
+    expect(await a.take()).toBe(20);
+    expect(s.calls).toBe(4);
+  });
+
+  it('a reservation with another epoch discards the ranges held (redefined, notification not seen)', async () => {
+    const m = manual();
+    const a = new Allocator('ids', m.reserve, null, open);
+    const first = a.take();
+    m.pending[0]!.answer.resolve(range(0, 9, 1));
+    expect(await first).toBe(0);
+    expect(a.heldEpoch).toBe(1);
+    // The prefetch comes back from a redefined sequence.
+    expect(m.pending).toHaveLength(2);
+    m.pending[1]!.answer.resolve(range(5000, 5009, 2));
+    await flush();
+    expect(a.heldEpoch).toBe(2);
+    // 1..9 of the old epoch are never served.
+    expect(a.takeNow()).toBe(5000);
+    expect(a.takeNow()).toBe(5001);
+  });
+
+  it('after a newer epoch arrives, nothing of the older epoch is served, even the range in use', async () => {
+    const m = manual();
+    const a = new Allocator('ids', m.reserve, null, open);
+    const first = a.take();
+    m.pending[0]!.answer.resolve(range(0, 2, 1));
+    expect(await first).toBe(0);
+    m.pending[1]!.answer.resolve(range(3, 5, 1));
+    await flush();
+    expect([a.takeNow(), a.takeNow(), a.takeNow()]).toEqual([1, 2, 3]);
+    // Installing [3..5] asked for the next range, which comes back redefined.
+    expect(m.pending).toHaveLength(3);
+    m.pending[2]!.answer.resolve(range(900, 902, 2));
+    await flush();
+    expect(a.takeNow()).toBe(900);
+    expect(a.heldEpoch).toBe(2);
+  });
+
+  for (const code of ['timeout', 'database_unavailable', 'database_error'] as const) {
+    it(`retries '${code}' until the timeout, then rejects with 'timeout' and the SurrealDB message`, async () => {
+      let calls = 0;
+      const waits: (number | null)[] = [];
+      const last = { error: undefined as OrdoError | undefined };
+      const reserve: Reserve = async (_name, waitMs) => {
+        calls++;
+        waits.push(waitMs);
+        last.error = new OrdoError(code, `failure ${calls}`);
+        throw last.error;
+      };
+      const a = new Allocator('ids', reserve, 150, open);
+      const began = performance.now();
+      const error = await within(a.take(), 2000).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      const took = performance.now() - began;
+      expect(error).toBeInstanceOf(OrdoError);
+      expect(error).toMatchObject({ code: 'timeout', message: TIMEOUT_MESSAGE });
+      expect((error as OrdoError).cause).toBe(last.error);
+      expect(TIMEOUT_MESSAGE).toBe('The query was not executed because it exceeded the timeout');
+      expect(calls).toBeGreaterThan(1);
+      expect(took).toBeGreaterThanOrEqual(145);
+      expect(took).toBeLessThan(150 + 350);
+      // Each attempt may wait only for what is left of the timeout.
+      expect(waits[0]).toBeLessThanOrEqual(150);
+      for (const w of waits) expect(w).toBeGreaterThan(0);
+      for (let i = 1; i < waits.length; i++) expect(waits[i]!).toBeLessThanOrEqual(waits[i - 1]!);
+    });
+  }
+
+  it('a retried reservation that succeeds in time serves its range', async () => {
+    let calls = 0;
+    const reserve: Reserve = async () => {
+      calls++;
+      if (calls <= 3) throw new OrdoError('database_unavailable', 'down');
+      return range(100, 109);
+    };
+    const a = new Allocator('ids', reserve, 5000, open);
+    expect(await within(a.take(), 2000)).toBe(100);
+    expect(calls).toBeGreaterThanOrEqual(4);
+  });
+
+  it('with no timeout, waitMs is null and retries go on until success', async () => {
+    const waits: (number | null)[] = [];
+    const reserve: Reserve = async (_name, waitMs) => {
+      waits.push(waitMs);
+      if (waits.length <= 4) throw new OrdoError('timeout', 'lock');
+      return range(0, 9);
+    };
+    const a = new Allocator('ids', reserve, null, open);
+    expect(await a.take()).toBe(0);
+    expect(waits.slice(0, 5)).toEqual([null, null, null, null, null]);
+  });
+
+  for (const [label, failure] of [
+    ['sequence_not_found', new OrdoError('sequence_not_found', "The sequence 'ids' does not exist")],
+    ['sequence_exhausted', new OrdoError('sequence_exhausted', 'exhausted')],
+    ['invalid_argument', new OrdoError('invalid_argument', 'not batched')],
+    ['a plain Error', new Error('boom')],
+  ] as const) {
+    it(`does not retry ${label}: every waiting caller rejects at once with it`, async () => {
+      let calls = 0;
+      const reserve: Reserve = async () => {
+        calls++;
+        await tick();
+        throw failure;
+      };
+      const a = new Allocator('ids', reserve, null, open);
+      const began = performance.now();
+      const settled = await within(Promise.allSettled(Array.from({ length: 1000 }, () => a.take())), 2000);
+      expect(performance.now() - began).toBeLessThan(200);
+      expect(calls).toBe(1);
+      for (const r of settled) {
+        expect(r.status).toBe('rejected');
+        expect((r as PromiseRejectedResult).reason).toBe(failure);
+      }
+    });
+  }
+
+  it('recovers after a failed reservation: the next take() reserves again', async () => {
+    let calls = 0;
+    const reserve: Reserve = async () => {
+      calls++;
+      if (calls === 1) throw new OrdoError('sequence_not_found', 'gone');
+      return range(0, 4);
+    };
+    const a = new Allocator('ids', reserve, null, open);
+    await expect(a.take()).rejects.toMatchObject({ code: 'sequence_not_found' });
+    expect(await a.take()).toBe(0);
+  });
+
+  it('a failed prefetch is not an unhandled rejection, and the caller who needs it reserves again', async () => {
+    let calls = 0;
+    const reserve: Reserve = async () => {
+      calls++;
+      await tick();
+      if (calls === 2) throw new OrdoError('sequence_exhausted', 'no more');
+      return range((calls - 1) * 5, (calls - 1) * 5 + 4);
+    };
+    const a = new Allocator('ids', reserve, null, open);
+    expect(await a.take()).toBe(0);
+    await flush(); // the prefetch (call 2) failed
+    expect(calls).toBe(2);
+    for (let i = 1; i < 5; i++) expect(a.takeNow()).toBe(i);
+    // Taking from memory tried the prefetch again; either way the next range comes.
+    expect(await a.take()).toBe(10);
+    expect(calls).toBe(4);
+  });
+
+  it('timeout 0 rejects with timeout without calling reserve', async () => {
+    let calls = 0;
+    const reserve: Reserve = async () => {
+      calls++;
+      return range(0, 9);
+    };
+    const a = new Allocator('ids', reserve, 0, open);
+    await expect(a.take()).rejects.toMatchObject({ code: 'timeout', message: TIMEOUT_MESSAGE });
+    await expect(a.take()).rejects.toMatchObject({ code: 'timeout' });
+    expect(calls).toBe(0);
+  });
+
+  it('a TIMEOUT changed by a reservation (ALTER SEQUENCE … TIMEOUT) applies to the next reservation', async () => {
+    const s = storage({ batch: 5, timeoutMs: 0 });
+    const a = new Allocator('ids', s.reserve, null, open);
+    expect(await a.take()).toBe(0);
+    await flush();
+    // The prefetch saw TIMEOUT 0: it fails at once without a round trip.
+    expect(s.calls).toBe(1);
+    for (let i = 1; i < 5; i++) expect(a.takeNow()).toBe(i);
+    await expect(a.take()).rejects.toMatchObject({ code: 'timeout', message: TIMEOUT_MESSAGE });
+    expect(s.calls).toBe(1);
+  });
+
+  it('stops retrying with closed once the client is closed', async () => {
+    let calls = 0;
+    let closed = false;
+    const reserve: Reserve = async () => {
+      calls++;
+      if (calls === 3) closed = true;
+      throw new OrdoError('database_unavailable', 'down');
+    };
+    const a = new Allocator('ids', reserve, null, () => closed);
+    const began = performance.now();
+    await expect(within(a.take(), 2000)).rejects.toMatchObject({ code: 'closed' });
+    expect(calls).toBe(3);
+    // Three back-offs of at most 10, 20 and 40 ms.
+    expect(performance.now() - began).toBeLessThan(500);
+  });
+
+  it('a closed client never reserves', async () => {
+    let calls = 0;
+    const reserve: Reserve = async () => {
+      calls++;
+      return range(0, 9);
+    };
+    const a = new Allocator('ids', reserve, null, () => true);
+    await expect(a.take()).rejects.toMatchObject({ code: 'closed' });
+    expect(calls).toBe(0);
+  });
+
+  it('property: drops at random moments never make a value come out twice, and never reuse a dropped range', async () => {
+    await fc.assert(
+      fc.asyncProperty(
+        fc.integer({ min: 1, max: 8 }),
+        fc.array(fc.oneof(fc.constant('drop' as const), fc.integer({ min: 1, max: 12 })), {
+          minLength: 1,
+          maxLength: 25,
+        }),
+        async (batch, steps) => {
+          const s = storage({ batch, latency: () => sleep(0) });
+          const a = new Allocator('ids', s.reserve, null, open);
+          const seen: number[] = [];
+          let dropsAt: number[] = [];
+          const pending: Promise<void>[] = [];
+          for (const step of steps) {
+            if (step === 'drop') {
+              a.drop();
+              dropsAt = [...dropsAt, s.handed.length];
+              continue;
+            }
+            for (let i = 0; i < step; i++) pending.push(a.take().then((v) => void seen.push(v)));
+            if (step % 3 === 0) await Promise.all(pending.splice(0));
+          }
+          await Promise.all(pending);
+          expect(new Set(seen).size).toBe(seen.length);
+          expect(s.maxInFlight).toBeLessThanOrEqual(1);
+          // Every value comes from a handed-out range.
+          const all = new Set(valuesOf(s.handed));
+          for (const v of seen) expect(all.has(v)).toBe(true);
+        },
+      ),
+      { numRuns: 100 },
+    );
+  });
+});
