@@ -150,8 +150,8 @@ export class BatchedRegistry {
     for (const [name, allocator] of this.allocators) {
       const row = current.get(name);
       const held = allocator.heldEpoch;
-      if (!row || row.kind !== 'batched' || (held !== undefined && Number(row.epoch) !== held))
-        this.onChange(name);
+      const changed = row?.kind !== 'batched' || (held !== undefined && Number(row.epoch) !== held);
+      if (changed) this.onChange(name);
     }
   }
 }

@@ -125,14 +125,16 @@ export class Coalescer {
 
   private async serve(batch: Group[]): Promise<void> {
     if (batch.length === 1) return this.serveGroup(batch[0]!);
+    let results: Issued[][];
     try {
-      const results = await this.takeBatch(batch.map((g) => ({ ...g.key, count: wanted(g) })));
-      batch.forEach((g, i) => answer(g, results[i]!));
+      results = await this.takeBatch(batch.map((g) => ({ ...g.key, count: wanted(g) })));
     } catch {
       // One request failed (an unknown sequence, an exhausted one, a row held by a transaction):
       // serve each group on its own, so every caller gets its own answer.
       await Promise.all(batch.map((g) => this.serveGroup(g)));
+      return;
     }
+    for (const [i, g] of batch.entries()) answer(g, results[i]!);
   }
 
   private async serveGroup(group: Group): Promise<void> {
