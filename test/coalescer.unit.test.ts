@@ -93,7 +93,7 @@ class FakeDb {
 
   /** The statements so far, compactly: 'one a×3', 'batch a×2 b/acme×1 c@2026-01-01×1'. */
   log(): string[] {
-    return this.statements.map((s) => `${s.kind} ${s.requests.map(label).join(' ')}`);
+    return this.statements.map(line);
   }
 
   /** Opens the gate at `index` (default: the oldest still closed) and returns its statement. */
@@ -104,9 +104,11 @@ class FakeDb {
     return gate.statement;
   }
 
-  openWhere(match: (line: string) => boolean): Statement {
-    const index = this.gates.findIndex((g) => match(`${g.statement.kind} ${g.statement.requests.map(label).join(' ')}`));
-    return this.openAt(index < 0 ? this.gates.length : index);
+  /** Opens the oldest gate whose statement reads `wanted`, as in log(). */
+  openWhere(wanted: string): Statement {
+    const index = this.gates.findIndex((g) => line(g.statement) === wanted);
+    if (index < 0) throw new Error(`no statement '${wanted}' is waiting`);
+    return this.openAt(index);
   }
 
   failNext(error: unknown): Statement {
@@ -124,6 +126,10 @@ class FakeDb {
       await settle();
     }
   }
+}
+
+function line(s: Statement): string {
+  return `${s.kind} ${s.requests.map(label).join(' ')}`;
 }
 
 function label(r: Request): string {
@@ -152,16 +158,28 @@ function track<T>(promises: Promise<T>[]) {
   return { order, outcomes };
 }
 
-/** Each outcome as its value, its error code, or undefined while pending. */
-function brief(outcomes: (Outcome<Issued> | undefined)[]): (number | string | undefined)[] {
-  return outcomes.map((o) =>
-    o === undefined ? undefined : o.ok ? o.value.value : ((o.error as OrdoError).code ?? 'error'),
-  );
+/** Each outcome as its value(s), its error code, or undefined while pending. */
+function brief(outcomes: (Outcome<Issued | Issued[]> | undefined)[]): unknown[] {
+  return outcomes.map((o) => {
+    if (o === undefined) return undefined;
+    if (!o.ok) return (o.error as OrdoError).code ?? 'error';
+    return Array.isArray(o.value) ? values(o.value) : o.value.value;
+  });
 }
 
 const values = (issued: Issued[]) => issued.map((i) => i.value);
+
+/** A caller that wants one value (take's default count), answered with exactly one. */
+function one(c: Coalescer, name: string, scope = '', at: string | null = null): Promise<Issued> {
+  return c.take(name, scope, at).then((issued) => {
+    if (issued.length !== 1) throw new Error(`one value wanted, ${issued.length} given`);
+    return issued[0]!;
+  });
+}
+
+/** n callers of one value each, in this order. */
 const take = (c: Coalescer, name: string, n = 1, scope = '', at: string | null = null) =>
-  Array.from({ length: n }, () => c.take(name, scope, at));
+  Array.from({ length: n }, () => one(c, name, scope, at));
 
 describe('Coalescer', () => {
   describe('dispatch', () => {
@@ -169,12 +187,12 @@ describe('Coalescer', () => {
       const db = new FakeDb();
       const c = new Coalescer(db.takeOne, db.takeBatch);
       const issued = await c.take('inv', 'acme', null);
-      expect(issued).toEqual({ value: 1, text: 'inv-1', period: null, scope: 'acme' });
+      expect(issued).toEqual([{ value: 1, text: 'inv-1', period: null, scope: 'acme' }]);
       expect(db.statements).toEqual([
         {
           kind: 'one',
           requests: [{ name: 'inv', scope: 'acme', at: null, count: 1 }],
-          outcome: { ok: true, value: [[issued]] },
+          outcome: { ok: true, value: [issued] },
         },
       ]);
     });
@@ -182,9 +200,9 @@ describe('Coalescer', () => {
     it('dispatches in a microtask: nothing inside take(), everything from the same tick after it', async () => {
       const db = new FakeDb();
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = [c.take('inv', '', null)];
+      const calls = [one(c, 'inv', '', null)];
       expect(db.statements).toHaveLength(0);
-      calls.push(c.take('inv', '', null));
+      calls.push(one(c, 'inv', '', null));
       expect(db.statements).toHaveLength(0);
       await Promise.resolve();
       expect(db.log()).toEqual(['one inv×2']);
@@ -210,14 +228,14 @@ describe('Coalescer', () => {
       const c = new Coalescer(db.takeOne, db.takeBatch);
       const at = '2026-01-01T00:00:00.000Z';
       const calls = [
-        c.take('a', '', null),
-        c.take('b', '', null),
-        c.take('a', '', null),
-        c.take('a', 'x', null), // another scope: another key
-        c.take('a', '', at), // another at: another key
-        c.take('b', '', null),
-        c.take('c', '', null),
-        c.take('a', '', null),
+        one(c, 'a', '', null),
+        one(c, 'b', '', null),
+        one(c, 'a', '', null),
+        one(c, 'a', 'x', null), // another scope: another key
+        one(c, 'a', '', at), // another at: another key
+        one(c, 'b', '', null),
+        one(c, 'c', '', null),
+        one(c, 'a', '', null),
       ];
       const issued = await Promise.all(calls);
       // Grouped by (name, scope, at), in order of each key's first caller.
@@ -239,12 +257,12 @@ describe('Coalescer', () => {
     it('sends a call made after a dispatch in a statement of its own', async () => {
       const db = new FakeDb();
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const first = c.take('inv', '', null);
+      const first = one(c, 'inv', '', null);
       await Promise.resolve();
-      const second = c.take('inv', '', null);
+      const second = one(c, 'inv', '', null);
       expect(values(await Promise.all([first, second]))).toEqual([1, 2]);
       await c.idle();
-      expect((await c.take('inv', '', null)).value).toBe(3);
+      expect((await one(c, 'inv', '', null)).value).toBe(3);
       expect(db.log()).toEqual(['one inv×1', 'one inv×1', 'one inv×1']);
     });
   });
@@ -253,16 +271,16 @@ describe('Coalescer', () => {
     it('1: while a statement is held open, later callers queue, then go out together', async () => {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch, 1);
-      const first = c.take('a', '', null);
+      const first = one(c, 'a', '', null);
       await settle();
       expect(db.log()).toEqual(['one a×1']);
 
       // Callers from three more ticks, two keys.
-      const queued = [c.take('a', '', null), c.take('b', '', null)];
+      const queued = [one(c, 'a', '', null), one(c, 'b', '', null)];
       await settle();
-      queued.push(c.take('a', '', null));
+      queued.push(one(c, 'a', '', null));
       await Promise.resolve();
-      queued.push(c.take('b', '', null));
+      queued.push(one(c, 'b', '', null));
       await settle();
       expect(db.log()).toEqual(['one a×1']);
 
@@ -279,16 +297,16 @@ describe('Coalescer', () => {
     it('2: two statements may be open at once, not three', async () => {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch, 2);
-      const first = c.take('a', '', null);
+      const first = one(c, 'a', '', null);
       await settle();
-      const second = c.take('a', '', null);
+      const second = one(c, 'a', '', null);
       await settle();
       expect(db.log()).toEqual(['one a×1', 'one a×1']);
       expect(db.gates).toHaveLength(2);
 
-      const third = [c.take('a', '', null), c.take('b', '', null)];
+      const third = [one(c, 'a', '', null), one(c, 'b', '', null)];
       await settle();
-      const fourth = c.take('b', '', null);
+      const fourth = one(c, 'b', '', null);
       await settle();
       expect(db.statements).toHaveLength(2);
 
@@ -306,7 +324,7 @@ describe('Coalescer', () => {
       const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls: Promise<Issued>[] = [];
       for (let tick = 0; tick < 4; tick++) {
-        calls.push(c.take('a', '', null));
+        calls.push(one(c, 'a', '', null));
         await settle();
       }
       expect(db.log()).toEqual(['one a×1', 'one a×1']);
@@ -328,6 +346,7 @@ describe('Coalescer', () => {
       ['rx', 'globex', '2026-02-01T00:00:00.000Z'],
     ];
     const CALLERS = 500;
+    const MOST_WANTED = 4;
 
     const scenario = fc.record({
       /** The key of each caller, in arrival order. */
@@ -335,6 +354,14 @@ describe('Coalescer', () => {
         minLength: CALLERS,
         maxLength: CALLERS,
       }),
+      /** How many values each caller wants: mostly one. */
+      counts: fc.array(
+        fc.oneof(
+          { arbitrary: fc.constant(1), weight: 3 },
+          { arbitrary: fc.integer({ min: 2, max: MOST_WANTED }), weight: 1 },
+        ),
+        { minLength: CALLERS, maxLength: CALLERS },
+      ),
       /** take: the next n callers arrive in this tick; release: a statement runs; then a tick or a turn. */
       steps: fc.array(
         fc.record({ kind: fc.constantFrom('take', 'release', 'microtask', 'settle'), n: fc.nat(40) }),
@@ -343,7 +370,7 @@ describe('Coalescer', () => {
       /** Which open statement runs next, when not the oldest. */
       picks: fc.array(fc.nat(), { minLength: 1, maxLength: 30 }),
       maxInFlight: fc.integer({ min: 1, max: 3 }),
-      maxBatch: fc.oneof(fc.integer({ min: 1, max: 60 }), fc.constant(1000)),
+      maxBatch: fc.oneof(fc.integer({ min: 1, max: 60 }), fc.constant(10_000)),
     });
     type Scenario = typeof scenario extends fc.Arbitrary<infer S> ? S : never;
 
@@ -351,14 +378,14 @@ describe('Coalescer', () => {
     async function play(s: Scenario, oldestFirst: boolean) {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch, s.maxInFlight, s.maxBatch);
-      const answers: (Issued | undefined)[] = [];
+      const answers: (Issued[] | undefined)[] = [];
       const errors: unknown[] = [];
       let arrived = 0;
       const arrive = (n: number) => {
         for (let i = 0; i < n && arrived < CALLERS; i++, arrived++) {
           const index = arrived;
           const [name, scope, at] = KEYS[s.keys[index]!]!;
-          c.take(name, scope, at).then(
+          c.take(name, scope, at, s.counts[index]!).then(
             (issued) => {
               answers[index] = issued;
             },
@@ -390,48 +417,66 @@ describe('Coalescer', () => {
       return { db, answers, errors, answeredAtIdle };
     }
 
-    function check(s: Scenario, result: Awaited<ReturnType<typeof play>>) {
+    /** Checks what holds in any order, and returns each key's values in its callers' arrival order. */
+    function check(s: Scenario, result: Awaited<ReturnType<typeof play>>): number[][] {
       const { db, answers, errors, answeredAtIdle } = result;
       expect(errors).toEqual([]);
       expect(answeredAtIdle).toBe(CALLERS);
       expect(db.maxOpen).toBeLessThanOrEqual(s.maxInFlight);
       expect(db.statements.length).toBeLessThanOrEqual(CALLERS);
-      // Statements take exactly what they hand out: never more values than callers.
-      const taken = db.statements.flatMap((st) => st.requests).reduce((sum, r) => sum + r.count, 0);
-      expect(taken).toBe(CALLERS);
+      // Statements take exactly what they hand out: never more values than were wanted.
+      const sum = (requests: Request[]) => requests.reduce((n, r) => n + r.count, 0);
+      expect(sum(db.statements.flatMap((st) => st.requests))).toBe(s.counts.reduce((n, k) => n + k, 0));
       for (const st of db.statements) {
         expect(st.kind).toBe(st.requests.length === 1 ? 'one' : 'batch');
-        expect(st.requests.reduce((sum, r) => sum + r.count, 0)).toBeLessThanOrEqual(s.maxBatch);
-        expect(new Set(st.requests.map(label)).size).toBe(st.requests.length);
+        expect(new Set(st.requests.map((r) => label({ ...r, count: 0 }))).size).toBe(st.requests.length);
+        // At most maxBatch values, unless a single caller wants more by itself.
+        if (sum(st.requests) > s.maxBatch) {
+          expect(st.requests).toHaveLength(1);
+          expect(sum(st.requests)).toBeLessThanOrEqual(MOST_WANTED);
+        }
       }
-      // Every caller got a value of its own key.
+      // Every caller got as many values as it wanted, consecutive, of its own key.
       answers.forEach((issued, i) => {
         const [name, scope, at] = KEYS[s.keys[i]!]!;
-        expect(issued).toMatchObject({ text: `${name}-${issued?.value}`, scope, period: at?.slice(0, 10) ?? null });
+        expect(issued).toHaveLength(s.counts[i]!);
+        const first = issued![0]!.value;
+        issued!.forEach((one, j) => {
+          expect(one).toEqual({
+            value: first + j,
+            text: `${name}-${first + j}`,
+            scope,
+            period: at?.slice(0, 10) ?? null,
+          });
+        });
       });
-      // Per key, the answers in arrival order.
-      return KEYS.map((_, k) => answers.filter((_, i) => s.keys[i] === k).map((a) => a!.value));
+      return KEYS.map((_, k) => answers.flatMap((a, i) => (s.keys[i] === k ? values(a!) : [])));
     }
 
+    /** A failing run shrinks for at most 30 s, so the counterexample shows before the test times out. */
+    const PROPERTY_OPTIONS = {
+      numRuns: 60,
+      plugins: [fc.interruptAfterTimeLimit(30_000, { failOnInterrupt: true })],
+    };
     const oneToN = (n: number) => Array.from({ length: n }, (_, i) => i + 1);
 
     it('statements run in the order sent: every key answers 1..n to its callers in arrival order', async () => {
       await fc.assert(
         fc.asyncProperty(scenario, async (s) => {
-          const perKey = check(s, await play(s, true));
-          for (const got of perKey) expect(got).toEqual(oneToN(got.length));
+          for (const got of check(s, await play(s, true))) expect(got).toEqual(oneToN(got.length));
         }),
-        { numRuns: 60 },
+        PROPERTY_OPTIONS,
       );
     });
 
     it('statements run in any order: every key hands out exactly 1..n, none skipped or repeated', async () => {
       await fc.assert(
         fc.asyncProperty(scenario, async (s) => {
-          const perKey = check(s, await play(s, false));
-          for (const got of perKey) expect([...got].sort((x, y) => x - y)).toEqual(oneToN(got.length));
+          for (const got of check(s, await play(s, false))) {
+            expect([...got].sort((x, y) => x - y)).toEqual(oneToN(got.length));
+          }
         }),
-        { numRuns: 60 },
+        PROPERTY_OPTIONS,
       );
     });
   });
@@ -440,7 +485,7 @@ describe('Coalescer', () => {
     it('splits a long queue, splitting a group if it must; the remainder goes out first next time', async () => {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch, 1, 4);
-      const first = c.take('x', '', null);
+      const first = one(c, 'x', '', null);
       await settle();
       const queued = [...take(c, 'c', 2), ...take(c, 'a', 5), ...take(c, 'b', 1)];
       await db.drain();
@@ -475,11 +520,103 @@ describe('Coalescer', () => {
     });
   });
 
+  describe('callers wanting several values', () => {
+    it('gives each caller its own consecutive slice; the callers of a tick share one statement', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const first = track<Issued | Issued[]>([
+        c.take('a', '', null, 3),
+        one(c, 'a'),
+        c.take('a', '', null, 2),
+        c.take('b', '', null, 2),
+      ]);
+      await c.idle();
+      expect(db.log()).toEqual(['batch a×6 b×2']);
+      expect(brief(first.outcomes)).toEqual([[1, 2, 3], 4, [5, 6], [1, 2]]);
+
+      const second = track([c.take('a', '', null, 2), c.take('a', '', null)]);
+      await c.idle();
+      expect(db.log()).toEqual(['batch a×6 b×2', 'one a×3']);
+      expect(brief(second.outcomes)).toEqual([[7, 8], [9]]);
+    });
+
+    it('maxBatch counts values and never splits a caller; one wanting more than maxBatch goes out alone', async () => {
+      const db = new FakeDb({ gated: true });
+      const c = new Coalescer(db.takeOne, db.takeBatch, 1, 4);
+      const first = one(c, 'x');
+      await settle();
+      const { outcomes } = track([
+        c.take('a', '', null, 3),
+        c.take('a', '', null, 2),
+        c.take('b', '', null, 5),
+        c.take('c', '', null, 1),
+      ]);
+      await db.drain();
+      // Arrival order is kept: c, which would fit beside a×3, waits for b rather than overtake it.
+      expect(db.log()).toEqual(['one x×1', 'one a×3', 'one a×2', 'one b×5', 'one c×1']);
+      expect((await first).value).toBe(1);
+      expect(brief(outcomes)).toEqual([[1, 2, 3], [4, 5], [1, 2, 3, 4, 5], [1]]);
+    });
+
+    it('takes at most 10 000 values in a statement by default', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const calls = [c.take('a', '', null, 6000), c.take('a', '', null, 5000), c.take('b', '', null)];
+      const [a1, a2, b] = await Promise.all(calls);
+      // The second caller of a does not fit; b, behind it but of another key, does.
+      expect(db.log()).toEqual(['batch a×6000 b×1', 'one a×5000']);
+      expect([a1!.length, a1![0]!.value, a1!.at(-1)!.value]).toEqual([6000, 1, 6000]);
+      expect([a2!.length, a2![0]!.value, a2!.at(-1)!.value]).toEqual([5000, 6001, 11000]);
+      expect(values(b!)).toEqual([1]);
+    });
+
+    it('when exhausted, serves caller by caller, each its whole count or nothing', async () => {
+      const db = new FakeDb({ limits: { x: 4 } });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const { outcomes } = track([
+        c.take('x', '', null, 2),
+        c.take('x', '', null, 3),
+        c.take('x', '', null),
+        c.take('x', '', null),
+      ]);
+      await c.idle();
+      expect(db.log()).toEqual(['one x×7', 'one x×2', 'one x×3', 'one x×1', 'one x×1']);
+      // The caller wanting 3 when 2 are left is refused; the ones behind it share those 2.
+      expect(brief(outcomes)).toEqual([[1, 2], 'sequence_exhausted', [3], [4]]);
+    });
+
+    it('refuses a lone caller wanting more than is left at once, with no retry', async () => {
+      const db = new FakeDb({ limits: { x: 2 } });
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const error = await c.take('x', '', null, 3).catch((e: unknown) => e);
+      expect((error as OrdoError).code).toBe('sequence_exhausted');
+      expect(db.log()).toEqual(['one x×3']);
+      expect(values(await c.take('x', '', null, 2))).toEqual([1, 2]);
+    });
+
+    // A waiter of count 0 adds nothing to `queued`, so when it is alone dispatch() sees an empty
+    // queue and returns: the promise never settles, and idle() resolves with it still pending.
+    // Sequences.nextMany validates count >= 1, so only a direct caller of the class can hit it.
+    it.fails('settles a call of count 0', async () => {
+      const db = new FakeDb();
+      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const { outcomes } = track([c.take('a', '', null, 0)]);
+      await c.idle();
+      await settle();
+      expect(outcomes[0]).toBeDefined();
+    });
+  });
+
   describe('takeBatch failure', () => {
     it('serves each group through takeOne on its own: an unknown key is refused, the others answered', async () => {
       const db = new FakeDb({ unknown: ['nope'] });
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = [c.take('a', '', null), c.take('nope', '', null), c.take('b', '', null), c.take('a', '', null)];
+      const calls = [
+        one(c, 'a', '', null),
+        one(c, 'nope', '', null),
+        one(c, 'b', '', null),
+        one(c, 'a', '', null),
+      ];
       const results = await Promise.allSettled(calls);
       expect(db.log()).toEqual(['batch a×2 nope×1 b×1', 'one a×2', 'one nope×1', 'one b×1']);
       const refusal = db.statements[2]!.outcome;
@@ -510,7 +647,7 @@ describe('Coalescer', () => {
     it('runs the fallback statements in parallel, each answering its own group', async () => {
       const db = new FakeDb({ gated: true, unknown: ['nope'] });
       const c = new Coalescer(db.takeOne, db.takeBatch, 1);
-      const calls = [c.take('a', '', null), c.take('nope', '', null), c.take('b', '', null)];
+      const calls = [one(c, 'a', '', null), one(c, 'nope', '', null), one(c, 'b', '', null)];
       const { outcomes } = track(calls);
       await settle();
       db.openAt(); // the batch fails
@@ -518,14 +655,14 @@ describe('Coalescer', () => {
       expect(db.log()).toEqual(['batch a×1 nope×1 b×1', 'one a×1', 'one nope×1', 'one b×1']);
       expect(db.gates).toHaveLength(3);
       // Within the dispatch's one slot: a caller arriving now still waits.
-      const late = c.take('a', '', null);
+      const late = one(c, 'a', '', null);
       await settle();
       expect(db.statements).toHaveLength(4);
 
-      db.openWhere((line) => line === 'one b×1');
+      db.openWhere('one b×1');
       await settle();
       expect(brief(outcomes)).toEqual([undefined, undefined, 1]);
-      db.openWhere((line) => line === 'one nope×1');
+      db.openWhere('one nope×1');
       await settle();
       expect(brief(outcomes)).toEqual([undefined, 'sequence_not_found', 1]);
       await db.drain();
@@ -537,16 +674,10 @@ describe('Coalescer', () => {
     it('falls back one by one for an exhausted group within the fallback', async () => {
       const db = new FakeDb({ limits: { e: 2 } });
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = [c.take('a', '', null), ...take(c, 'e', 3), c.take('a', '', null)];
-      const results = await Promise.allSettled(calls);
+      const { outcomes } = track([one(c, 'a', '', null), ...take(c, 'e', 3), one(c, 'a', '', null)]);
+      await c.idle();
       expect(db.log()).toEqual(['batch a×2 e×3', 'one a×2', 'one e×3', 'one e×1', 'one e×1', 'one e×1']);
-      expect(brief(results.map((r) => (r.status === 'fulfilled' ? { ok: true, value: r.value } : { ok: false, error: r.reason })))).toEqual([
-        1,
-        1,
-        2,
-        'sequence_exhausted',
-        2,
-      ]);
+      expect(brief(outcomes)).toEqual([1, 1, 2, 'sequence_exhausted', 2]);
     });
   });
 
@@ -586,7 +717,7 @@ describe('Coalescer', () => {
     it('refuses a group of one at once, with no retry', async () => {
       const db = new FakeDb({ limits: { x: 0 } });
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const error = await c.take('x', '', null).catch((e: unknown) => e);
+      const error = await one(c, 'x', '', null).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(OrdoError);
       expect((error as OrdoError).code).toBe('sequence_exhausted');
       expect(db.log()).toEqual(['one x×1']);
@@ -595,7 +726,10 @@ describe('Coalescer', () => {
     it.each([
       ['another OrdoError code', new OrdoError('timeout', 'canceling statement due to lock timeout')],
       ['sequence_not_found', new OrdoError('sequence_not_found', 'The sequence was removed')],
-      ['a plain Error that merely has the code', Object.assign(new Error('exhausted'), { code: 'sequence_exhausted' })],
+      [
+        'a plain Error that merely has the code',
+        Object.assign(new Error('exhausted'), { code: 'sequence_exhausted' }),
+      ],
     ])('only it triggers the fallback: %s rejects the whole group, without retry', async (_, error) => {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch);
@@ -621,7 +755,7 @@ describe('Coalescer', () => {
       db.openAt(); // 3 asked, 2 left: exhausted
       await settle();
       expect(db.log()).toEqual(['one x×3', 'one x×1']);
-      const late = track([c.take('x', '', null)]).outcomes;
+      const late = track([one(c, 'x', '', null)]).outcomes;
       await settle();
       db.openAt(); // value 1
       await settle();
@@ -660,6 +794,29 @@ describe('Coalescer', () => {
       ]);
       expect(db.log()).toEqual(['one x×3', 'one x×1', 'one x×1', 'one x×1']);
     });
+
+    it('treats synchronous throws like rejections: from takeBatch, takeOne and the one-by-one fallback', async () => {
+      const unavailable = new OrdoError('database_unavailable', 'Cannot use a pool after calling end');
+      let singles = 0;
+      const takeOne: TakeOne = (request) => {
+        if (request.name === 'down') throw unavailable;
+        if (request.count > 1) throw new OrdoError('sequence_exhausted', 'exhausted');
+        if (singles++ === 0) throw unavailable;
+        return Promise.resolve([{ value: singles, text: `x-${singles}`, period: null, scope: '' }]);
+      };
+      const takeBatch = (): Promise<Issued[][]> => {
+        throw new Error('batch down');
+      };
+      const c = new Coalescer(takeOne, takeBatch, 1);
+      const { outcomes } = track([one(c, 'down', '', null), ...take(c, 'x', 3)]);
+      const idle = c.idle().then(
+        () => 'resolved',
+        (error: unknown) => error,
+      );
+      expect(await idle).toBe('resolved');
+      expect(brief(outcomes)).toEqual(['database_unavailable', 'database_unavailable', 2, 3]);
+      expect(outcomes[1]).toEqual({ ok: false, error: unavailable });
+    });
   });
 
   describe('idle()', () => {
@@ -673,7 +830,7 @@ describe('Coalescer', () => {
     it('waits for a call made in the same tick, not yet dispatched', async () => {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const { outcomes } = track([c.take('a', '', null)]);
+      const { outcomes } = track([one(c, 'a', '', null)]);
       let seen: unknown;
       const idle = c.idle().then(() => {
         seen = brief(outcomes);
@@ -688,7 +845,7 @@ describe('Coalescer', () => {
     it('waits until every queued caller is answered, across statements and keys', async () => {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch, 1);
-      const calls = [c.take('a', '', null), c.take('b', '', null)];
+      const calls = [one(c, 'a', '', null), one(c, 'b', '', null)];
       await settle();
       calls.push(...take(c, 'a', 2));
       const { outcomes } = track(calls);
@@ -701,7 +858,7 @@ describe('Coalescer', () => {
       expect(seen).toBeUndefined();
       expect(brief(outcomes)).toEqual([1, 1, undefined, undefined]);
       // A caller arriving while idle() waits is waited for too.
-      calls.push(c.take('b', '', null));
+      calls.push(one(c, 'b', '', null));
       const later = track([calls[4]!]).outcomes;
       db.openAt(); // a×2
       await settle();
@@ -716,7 +873,7 @@ describe('Coalescer', () => {
     it('waits for a failed takeBatch and every fallback, and resolves although callers were refused', async () => {
       const db = new FakeDb({ gated: true, limits: { e: 1 }, unknown: ['nope'] });
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = [c.take('a', '', null), ...take(c, 'e', 2), c.take('nope', '', null)];
+      const calls = [one(c, 'a', '', null), ...take(c, 'e', 2), one(c, 'nope', '', null)];
       const { outcomes } = track(calls);
       let seen: unknown;
       const idle = c.idle().then(() => {
@@ -744,7 +901,7 @@ describe('Coalescer', () => {
     it('never rejects, even when every statement fails', async () => {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = [c.take('a', '', null), c.take('b', '', null)].map((p) => p.catch((e: unknown) => e));
+      const calls = [one(c, 'a', '', null), one(c, 'b', '', null)].map((p) => p.catch((e: unknown) => e));
       const idle = c.idle();
       const boom = new Error('boom');
       for (let step = 0; step < 5; step++) {
@@ -754,31 +911,6 @@ describe('Coalescer', () => {
       await expect(idle).resolves.toBeUndefined();
       expect(await Promise.all(calls)).toEqual([boom, boom]);
       expect(db.log()).toEqual(['batch a×1 b×1', 'one a×1', 'one b×1']);
-    });
-  });
-
-  describe('suspected bugs', () => {
-    // takeOne is typed to return a promise, but nothing stops it from throwing synchronously.
-    // serve() copes with that for the first takeOne and for takeBatch (both are called inside a
-    // try), but not for the one-by-one fallback: the throw escapes serveGroup, the callers of the
-    // group are never answered, and idle() rejects.
-    it.fails('a takeOne that throws synchronously in the one-by-one fallback refuses the callers', async () => {
-      const unavailable = new OrdoError('database_unavailable', 'Cannot use a pool after calling end');
-      const takeOne: TakeOne = (request) => {
-        if (request.count > 1) return Promise.reject(new OrdoError('sequence_exhausted', 'exhausted'));
-        throw unavailable;
-      };
-      const c = new Coalescer(takeOne, () => Promise.reject(new Error('unused')), 1);
-      const { outcomes } = track(take(c, 'x', 2));
-      const idle = c.idle().then(
-        () => 'resolved',
-        (error: unknown) => error,
-      );
-      expect(await idle).toBe('resolved');
-      expect(outcomes).toEqual([
-        { ok: false, error: unavailable },
-        { ok: false, error: unavailable },
-      ]);
     });
   });
 });

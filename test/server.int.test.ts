@@ -160,7 +160,7 @@ describe('routes', () => {
       timeoutMs: null,
       cycle: false,
       ...options,
-      epoch: 1,
+      epoch: expect.any(Number),
     });
     expect(new Date(defined.json.createdAt).toISOString()).toBe(defined.json.createdAt);
 
@@ -221,7 +221,8 @@ describe('routes', () => {
       json: { ...options, format: 'NEW-{n}', overwrite: true },
     });
     expect(redefined.status).toBe(200);
-    expect(redefined.json).toMatchObject({ format: 'NEW-{n}', epoch: 2, createdAt: defined.json.createdAt });
+    expect(redefined.json).toMatchObject({ format: 'NEW-{n}', createdAt: defined.json.createdAt });
+    expect(redefined.json.epoch).not.toBe(defined.json.epoch);
     const after = await api('POST', '/v1/sequences/invoice/next', {
       json: { scope: 'acme', at: '2027-06-01T00:00:00Z' },
     });
