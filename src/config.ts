@@ -25,9 +25,7 @@ export interface OrdoOptions {
 }
 
 export type DatabaseSource =
-  | { kind: 'url'; url: string }
-  | { kind: 'pool'; pool: pg.Pool }
-  | { kind: 'embedded'; dataDir: string };
+  { kind: 'url'; url: string } | { kind: 'pool'; pool: pg.Pool } | { kind: 'embedded'; dataDir: string };
 
 export interface Config {
   source: DatabaseSource;

@@ -634,7 +634,9 @@ async function check(r: FuzzRequest): Promise<void> {
   try {
     a = await send(r);
   } catch (e) {
-    throw new Error(`no answer (${(e as { cause?: { code?: string } }).cause?.code ?? e}) to ${show(r)}`);
+    throw new Error(`no answer (${(e as { cause?: { code?: string } }).cause?.code ?? e}) to ${show(r)}`, {
+      cause: e,
+    });
   }
   exchanges.count++;
   exchanges.byStatus.set(a.status, (exchanges.byStatus.get(a.status) ?? 0) + 1);
