@@ -352,3 +352,24 @@ describe('coalesced nextMany', () => {
     }
   });
 });
+
+describe('concurrent definitions', () => {
+  it('ten concurrent defines of a new name: one creates it, the others get sequence_exists (both kinds)', async () => {
+    for (const kind of ['gapless', 'batched'] as const) {
+      for (let round = 0; round < 5; round++) {
+        const name = `racing_${kind}_${round}`;
+        const settled = await Promise.allSettled(
+          range(1, 10).map(() => ordo.sequences.define({ name, kind })),
+        );
+        expect(settled.filter((s) => s.status === 'fulfilled')).toHaveLength(1);
+        for (const s of settled.filter((s) => s.status === 'rejected')) {
+          expect((s as PromiseRejectedResult).reason).toMatchObject({ code: 'sequence_exists' });
+        }
+        const tolerant = await Promise.all(
+          range(1, 10).map(() => ordo.sequences.define({ name, kind, ifNotExists: true })),
+        );
+        expect(new Set(tolerant.map((d) => d.epoch)).size).toBe(1);
+      }
+    }
+  });
+});

@@ -66,6 +66,10 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format('unknown define mode %L', mode);
   END IF;
   PERFORM {{schema}}.check_time_zone(seq_time_zone);
+  -- Definitions of one name happen one at a time: two creators would otherwise both find no
+  -- row and collide on the insert (and on the storage). The next statement's snapshot sees
+  -- what the previous holder committed.
+  PERFORM pg_advisory_xact_lock(hashtextextended('ordo.define:{{schema_name}}.' || seq_name, 0));
   SELECT * INTO old FROM {{schema}}.sequences AS d WHERE d.name = seq_name FOR UPDATE;
   existed := FOUND;
   IF existed AND mode <> 'overwrite' THEN
