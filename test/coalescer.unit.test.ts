@@ -1,7 +1,13 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { OrdoError } from '../src/errors.js';
-import { Coalescer, type Issued, type Request, type TakeOne } from '../src/sequences/coalescer.js';
+import {
+  Coalescer,
+  type Issued,
+  type Request,
+  type TakeBatch,
+  type TakeOne,
+} from '../src/sequences/coalescer.js';
 
 type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown };
 
@@ -594,16 +600,30 @@ describe('Coalescer', () => {
       expect(values(await c.take('x', '', null, 2))).toEqual([1, 2]);
     });
 
-    // A waiter of count 0 adds nothing to `queued`, so when it is alone dispatch() sees an empty
-    // queue and returns: the promise never settles, and idle() resolves with it still pending.
-    // Sequences.nextMany validates count >= 1, so only a direct caller of the class can hit it.
-    it.fails('settles a call of count 0', async () => {
+    // A waiter of count 0 would add nothing to the queue and never be dispatched: it is refused.
+    it('refuses a call of count 0 at once, sending nothing', async () => {
       const db = new FakeDb();
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const { outcomes } = track([c.take('a', '', null, 0)]);
+      await expect(c.take('a', '', null, 0)).rejects.toMatchObject({ code: 'invalid_argument' });
       await c.idle();
-      await settle();
-      expect(outcomes[0]).toBeDefined();
+      expect(db.log()).toEqual([]);
+    });
+
+    it('a takeBatch answering a request with too few values refuses that request’s callers, and only them', async () => {
+      const db = new FakeDb();
+      const short: TakeBatch = async (requests) => {
+        const answers = await db.takeBatch(requests);
+        return answers.map((a, i) => (i === 1 ? a.slice(1) : a));
+      };
+      const c = new Coalescer(db.takeOne, short);
+      const results = await Promise.allSettled([
+        one(c, 'a', '', null),
+        one(c, 'b', '', null),
+        one(c, 'b', '', null),
+      ]);
+      expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'rejected']);
+      expect((results[1] as PromiseRejectedResult).reason).toMatchObject({ code: 'database_error' });
+      await expect(c.idle()).resolves.toBeUndefined();
     });
   });
 

@@ -56,6 +56,11 @@ export class Coalescer {
   ) {}
 
   take(name: string, scope: string, at: string | null, count = 1): Promise<Issued[]> {
+    if (!Number.isSafeInteger(count) || count < 1) {
+      return Promise.reject(
+        new OrdoError('invalid_argument', `count must be a whole number of at least 1 (got ${count})`),
+      );
+    }
     const id = `${name}\u0000${scope}\u0000${at ?? ''}`;
     return new Promise<Issued[]>((resolve, reject) => {
       let group = this.queue.get(id);
@@ -134,7 +139,17 @@ export class Coalescer {
       await Promise.all(batch.map((g) => this.serveGroup(g)));
       return;
     }
-    for (const [i, g] of batch.entries()) answer(g, results[i]!);
+    for (const [i, g] of batch.entries()) {
+      const issued = results[i];
+      if (issued?.length === wanted(g)) answer(g, issued);
+      else {
+        const error = new OrdoError(
+          'database_error',
+          'take_many answered a request with the wrong number of values',
+        );
+        for (const w of g.waiters) w.reject(error);
+      }
+    }
   }
 
   private async serveGroup(group: Group): Promise<void> {
