@@ -1,6 +1,5 @@
-import pg from 'pg';
 import { createOrdo } from '../src/index.js';
-import { countStatements, Drain, type WorkerResult } from './batched.js';
+import { countedPool, Drain, type WorkerResult } from './batched.js';
 
 /**
  * One node of the batched suite's multi-process scenario:
@@ -18,11 +17,11 @@ async function main(): Promise<void> {
   if (!url || !name || !batch || !(seconds > 0) || !(warmupSeconds >= 0)) {
     throw new Error('usage: batched-worker.ts URL NAME BATCH SECONDS [WARMUP_SECONDS]');
   }
-  const pool = new pg.Pool({ connectionString: url, max: 2, application_name: 'ordo-bench-worker' });
-  pool.on('error', () => undefined);
+  const { pool, statements } = countedPool(url, 2, 'ordo-bench-worker');
   const ordo = await createOrdo({ pool });
   try {
-    const statements = countStatements(pool);
+    statements.reserve = 0;
+    statements.other = 0;
     const drain = new Drain();
     await drain.block(ordo, name);
     const send = process.send?.bind(process);

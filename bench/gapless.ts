@@ -10,6 +10,7 @@ import {
   ratioCell,
   type Suite,
   type Table,
+  type Verified,
 } from './harness.js';
 
 /**
@@ -121,11 +122,6 @@ interface Row {
   load: LoadResult;
   statements: string;
   verified: Verified;
-}
-
-interface Verified {
-  ok: boolean;
-  text: string;
 }
 
 async function run(ctx: BenchContext): Promise<Table[]> {

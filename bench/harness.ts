@@ -237,3 +237,30 @@ export function machine(): string {
   const cpu = cpus();
   return `node ${process.version}, ${cpu.length} × ${cpu[0]?.model.trim() ?? 'cpu'}`;
 }
+
+/** What a scenario's check found: shown in its table row; a ✗ fails the run. */
+export interface Verified {
+  ok: boolean;
+  text: string;
+}
+
+/** PostgreSQL nextval() per call: every value unique, increasing within each connection. */
+export function verifyPostgres(perConnection: number[][]): Verified {
+  let disorder = 0;
+  for (const values of perConnection) {
+    for (let i = 1; i < values.length; i++) if (values[i]! <= values[i - 1]!) disorder++;
+  }
+  const all = Float64Array.from(perConnection.flat()).sort();
+  let duplicates = 0;
+  for (let i = 1; i < all.length; i++) if (all[i] === all[i - 1]) duplicates++;
+  const problems = [disorder && `${disorder} not increasing`, duplicates && `${duplicates} dup`].filter(
+    Boolean,
+  );
+  const ok = problems.length === 0 && all.length > 0;
+  return {
+    ok,
+    text: ok
+      ? `✓ ${fmt.int(all.length)} unique, increasing per connection`
+      : `✗ ${problems.join(', ') || 'nothing taken'}`,
+  };
+}

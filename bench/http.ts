@@ -8,7 +8,17 @@ import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
 import pg from 'pg';
 import { createOrdo } from '../src/index.js';
-import { type BenchContext, fmt, Measurement, openPool, runLoad, type Suite, type Table } from './harness.js';
+import {
+  type BenchContext,
+  fmt,
+  Measurement,
+  openPool,
+  runLoad,
+  type Suite,
+  type Table,
+  type Verified,
+  verifyPostgres,
+} from './harness.js';
 
 /**
  * The HTTP API under load: `POST /v1/sequences/<name>/next` with `{}` and with `{ "count": 100 }`,
@@ -26,11 +36,6 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const CLI = 'test/support/ordo-cli.ts';
 /** A window that has not finished this long after its end is stopped (a request hangs). */
 const GRACE_SECONDS = 30;
-
-interface Verified {
-  ok: boolean;
-  text: string;
-}
 
 /** One HTTP scenario: a sequence of its own, one request body, and everything answered. */
 class HttpScenario {
@@ -548,25 +553,6 @@ async function verifyBatched(
     text: ok
       ? `✓ ${fmt.int(sorted.length)} unique, in ${fmt.int(ranges.length)} ranges`
       : `✗ ${problems.join(', ') || 'nothing answered'}`,
-  };
-}
-
-/** PostgreSQL: every value unique, increasing within each connection. */
-function verifyPostgres(perConnection: number[][]): Verified {
-  let disorder = 0;
-  for (const values of perConnection) {
-    for (let i = 1; i < values.length; i++) if (values[i]! <= values[i - 1]!) disorder++;
-  }
-  const all = Float64Array.from(perConnection.flat()).sort();
-  let duplicates = 0;
-  for (let i = 1; i < all.length; i++) if (all[i] === all[i - 1]) duplicates++;
-  const problems = [disorder && `${disorder} not increasing`, duplicates && `${duplicates} dup`].filter(
-    Boolean,
-  );
-  const ok = problems.length === 0 && all.length > 0;
-  return {
-    ok,
-    text: ok ? `✓ ${fmt.int(all.length)} unique` : `✗ ${problems.join(', ') || 'nothing taken'}`,
   };
 }
 

@@ -15,7 +15,15 @@ import { http } from './http.js';
  * The server is DATABASE_URL / ORDO_DATABASE_URL when set, else an embedded PostgreSQL in a
  * temporary directory; the scratch database (and the embedded server) are removed at the end.
  */
-const suites: Suite[] = [gapless, batched, http];
+const all: Suite[] = [gapless, batched, http];
+/** `npm run bench -- batched http` runs only the suites named; no name runs them all. */
+const named = process.argv.slice(2);
+const unknown = named.filter((n) => !all.some((s) => s.name === n));
+if (unknown.length > 0) {
+  console.error(`unknown suite ${unknown.join(', ')}; suites: ${all.map((s) => s.name).join(', ')}`);
+  process.exit(2);
+}
+const suites = named.length > 0 ? all.filter((s) => named.includes(s.name)) : all;
 
 interface Server {
   url: string;
