@@ -91,3 +91,35 @@ describe('close()', () => {
     await expect(other.transaction(async () => 1)).rejects.toMatchObject({ code: 'closed' });
   });
 });
+
+describe('a sequence redefined as the other kind by another client', () => {
+  it('standalone calls refresh the cached definition and go on; a call in a transaction reports it', async () => {
+    const other = await createOrdo({ databaseUrl: db.url, poolSize: 2 });
+    try {
+      await ordo.sequences.define({ name: 'shifting' });
+      expect(await ordo.nextval('shifting')).toBe(1); // caches 'gapless'
+      await other.sequences.define({ name: 'shifting', kind: 'batched', batch: 10, overwrite: true });
+      // Never backwards: the batched sequence continues above the gapless values.
+      expect(await ordo.nextval('shifting')).toBeGreaterThanOrEqual(2);
+
+      // A client that listens to nothing yet (it has used no batched sequence) keeps its cache.
+      const quiet = await createOrdo({ databaseUrl: db.url, poolSize: 2 });
+      try {
+        await quiet.sequences.define({ name: 'shifting_tx' });
+        await quiet.transaction(async (tx) => quiet.sequences.next('shifting_tx', { tx })); // caches 'gapless'
+        await other.sequences.define({ name: 'shifting_tx', kind: 'batched', overwrite: true });
+        const error = await quiet
+          .transaction(async (tx) => quiet.sequences.next('shifting_tx', { tx }))
+          .catch((e: unknown) => e);
+        expect(error).toMatchObject({ code: 'invalid_argument' });
+        expect((error as Error).message).toContain('is batched, not gapless');
+        // The next call knows the new kind.
+        expect(typeof (await quiet.nextval('shifting_tx'))).toBe('number');
+      } finally {
+        await quiet.close();
+      }
+    } finally {
+      await other.close();
+    }
+  });
+});

@@ -208,8 +208,9 @@ export class Sequences {
       const sqlstate = (e as { cause?: { code?: string } }).cause?.code;
       const stale = sqlstate === 'OX004' || (e instanceof OrdoError && e.code === 'sequence_not_found');
       if (stale) this.forget(c.name);
-      // Redefined as the other kind by another node since we looked: once more, freshly.
-      if (sqlstate === 'OX004' && !retried) return this.take(name, count, options, true);
+      // Redefined as the other kind by another node since we looked: once more, freshly. Not in
+      // a caller's transaction: the error has aborted it, and the caller must know.
+      if (sqlstate === 'OX004' && !retried && !c.tx) return this.take(name, count, options, true);
       throw e;
     }
   }
