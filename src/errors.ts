@@ -38,6 +38,15 @@ export class OrdoError extends Error {
   }
 }
 
+/** The error for a name with no sequence, worded as SurrealDB words it. */
+export function sequenceNotFound(name: string): OrdoError {
+  return new OrdoError('sequence_not_found', `The sequence '${name}' does not exist`);
+}
+
+export function closedError(): OrdoError {
+  return new OrdoError('closed', 'This ordo client is closed');
+}
+
 /** SQLSTATEs raised by ordo's own SQL functions and the PostgreSQL ones a caller can cause. */
 const SQLSTATE_CODES: Record<string, OrdoErrorCode> = {
   OX001: 'sequence_not_found',

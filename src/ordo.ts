@@ -3,7 +3,7 @@ import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate } from './db/migrations.js';
-import { OrdoError, toOrdoError } from './errors.js';
+import { closedError, toOrdoError } from './errors.js';
 import { executeQuery, type StatementResult } from './query/executor.js';
 import { sequencePlans } from './sequences/plans.js';
 import { type NextOptions, Sequences } from './sequences/sequences.js';
@@ -80,7 +80,7 @@ export class Ordo {
    * `tx` (say, inside a transaction() that began earlier) may finish until the pool has ended.
    */
   private ensureOpen(withTx = false): void {
-    if (this.closed || (this.closing && !withTx)) throw new OrdoError('closed', 'This ordo client is closed');
+    if (this.closed || (this.closing && !withTx)) throw closedError();
   }
 
   /**

@@ -84,13 +84,13 @@ export const KEYWORDS: ReadonlySet<string> = new Set([
 ]);
 
 /** A name as a statement writes it: bare, or in backticks when it reads as a keyword. */
-export function nameText(name: string): string {
+function nameText(name: string): string {
   identifier('name', name);
   return KEYWORDS.has(name.toUpperCase()) ? `\`${name}\`` : name;
 }
 
 /** A single-quoted string literal that the parser reads back as `value`. */
-export function stringText(value: string): string {
+function stringText(value: string): string {
   return `'${value.replace(/[\\'\n\t]/g, (c) => (c === '\n' ? '\\n' : c === '\t' ? '\\t' : `\\${c}`))}'`;
 }
 

@@ -1,6 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { OrdoError, type OrdoErrorCode } from '../errors.js';
+import { closedError, OrdoError, type OrdoErrorCode } from '../errors.js';
 
 /** A range reserved by one nextval() on the sequence's storage: first, first + increment, …, last. */
 export interface Reservation {
@@ -104,7 +104,7 @@ export class Allocator {
     const started = performance.now();
     let lastError: unknown;
     for (let attempt = 0; ; attempt++) {
-      if (this.isClosed()) throw new OrdoError('closed', 'This ordo client is closed');
+      if (this.isClosed()) throw closedError();
       const remaining = this.timeoutMs === null ? null : this.timeoutMs - (performance.now() - started);
       if (remaining !== null && remaining <= 0) {
         throw new OrdoError('timeout', TIMEOUT_MESSAGE, { cause: lastError });

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
-import { OrdoError, toOrdoError } from '../errors.js';
+import { OrdoError, sequenceNotFound, toOrdoError } from '../errors.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
 import { BatchedRegistry } from './batched-registry.js';
 import { Coalescer, type Issued, type Request } from './coalescer.js';
@@ -128,7 +128,7 @@ export class Sequences {
       identifier('name', name),
       timeoutMs,
     ]);
-    if (!rows[0].altered) throw new OrdoError('sequence_not_found', `The sequence '${name}' does not exist`);
+    if (!rows[0].altered) throw sequenceNotFound(name);
     this.forget(name);
     return (await this.get(name))!;
   }
@@ -156,7 +156,7 @@ export class Sequences {
     this.forget(name);
     if (rows[0].removed) return true;
     if (ifExists) return false;
-    throw new OrdoError('sequence_not_found', `The sequence '${name}' does not exist`);
+    throw sequenceNotFound(name);
   }
 
   /**
@@ -232,7 +232,7 @@ export class Sequences {
     let known = this.definitions.get(name);
     if (!known) {
       known = this.run(this.pool, this.plans.get, [name]).then(({ rows }) => {
-        if (!rows[0]) throw new OrdoError('sequence_not_found', `The sequence '${name}' does not exist`);
+        if (!rows[0]) throw sequenceNotFound(name);
         return toDefinition(rows[0]);
       });
       this.definitions.set(name, known);

@@ -6,7 +6,7 @@ import Fastify, {
   type FastifyServerOptions,
   LogController,
 } from 'fastify';
-import { OrdoError, type OrdoErrorCode, toOrdoError } from '../errors.js';
+import { OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoError } from '../errors.js';
 import type { Ordo } from '../ordo.js';
 import { MAX_BATCH } from '../sequences/definitions.js';
 import { MAX_COUNT } from '../sequences/sequences.js';
@@ -254,7 +254,7 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     async (request) => {
       const definition = await ordo.sequences.get(request.params.name);
       if (!definition) {
-        throw new OrdoError('sequence_not_found', `The sequence '${request.params.name}' does not exist`);
+        throw sequenceNotFound(request.params.name);
       }
       return definition;
     },

@@ -41,5 +41,3 @@ export function createMetrics(ordo: Ordo) {
   });
   return { registry, requests, latency, issued, errors };
 }
-
-export type Metrics = ReturnType<typeof createMetrics>;
