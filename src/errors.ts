@@ -10,6 +10,13 @@ export const ERROR_CODES = {
   sequence_not_found: 404,
   sequence_exists: 409,
   sequence_exhausted: 409,
+  subscription_not_found: 404,
+  subscription_conflict: 409,
+  throttle_not_found: 404,
+  throttle_exists: 409,
+  permit_not_found: 404,
+  permit_expired: 409,
+  throttled: 429,
   payload_too_large: 413,
   unsupported_media_type: 415,
   closed: 503,
@@ -53,6 +60,12 @@ const SQLSTATE_CODES: Record<string, OrdoErrorCode> = {
   OX002: 'sequence_exhausted',
   OX003: 'invalid_argument',
   OX004: 'invalid_argument', // the other kind: callers with a cached definition refresh it first
+  OX005: 'throttle_not_found',
+  OX006: 'throttle_exists',
+  OX007: 'permit_not_found',
+  OX008: 'permit_expired',
+  OX010: 'subscription_not_found',
+  OX011: 'subscription_conflict',
   '22003': 'invalid_argument', // numeric_value_out_of_range
   '22008': 'invalid_argument', // datetime_field_overflow
   '22009': 'invalid_argument', // invalid_time_zone_displacement_value
@@ -78,8 +91,9 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
   const sqlstate = typeof e?.code === 'string' ? e.code : undefined;
   const message = typeof e?.message === 'string' ? e.message : String(error);
   let code: OrdoErrorCode = 'database_error';
-  if (sqlstate === '23503') {
-    // The only foreign key is counters → sequences: the sequence was removed mid-call.
+  const table = (e as { table?: unknown }).table;
+  if (sqlstate === '23503' && (table === 'counters' || table === 'sequence_batches')) {
+    // counters or batches → sequences: the sequence was removed mid-call.
     return wrap(
       'sequence_not_found',
       'The sequence was removed while a value was being taken',

@@ -7,10 +7,12 @@ import { closedError, toOrdoError } from './errors.js';
 import { executeQuery, type StatementResult } from './query/executor.js';
 import { sequencePlans } from './sequences/plans.js';
 import { type NextOptions, Sequences } from './sequences/sequences.js';
+import { Throttles } from './throttles/throttles.js';
 
 /** The ordo client: owns the pool (unless given one) and wires the modules to it. */
 export class Ordo {
   readonly sequences: Sequences;
+  readonly throttles: Throttles;
   readonly schema: string;
   readonly nodeId: string;
   private closing: Promise<void> | undefined;
@@ -33,6 +35,13 @@ export class Ordo {
       this.inFlight,
       config.nodeId,
       () => this.closing !== undefined,
+    );
+    this.throttles = new Throttles(
+      pool,
+      config.schema,
+      (withTx) => this.ensureOpen(withTx),
+      this.inFlight,
+      config.nodeId,
     );
   }
 
@@ -97,6 +106,7 @@ export class Ordo {
       await this.sequences.idle();
       await this.inFlight.idle();
       await this.sequences.close();
+      await this.throttles.close();
       this.closed = true;
       if (this.ownsPool) await this.pool.end();
       await this.embedded?.stop();
