@@ -66,3 +66,17 @@ export function formatDuration(ms: number): string {
   }
   return text;
 }
+
+/**
+ * A duration option given as milliseconds or as SurrealDB text ('30s'), within [min, max]:
+ * the one reader of such options, so every module words the error alike.
+ */
+export function durationOption(what: string, value: unknown, min: number, max: number): number {
+  const ms = typeof value === 'string' ? parseDuration(value) : value;
+  if (typeof ms !== 'number' || !Number.isSafeInteger(ms) || ms < min || ms > max) {
+    throw invalid(
+      `${what} must be a duration from ${formatDuration(min)} to ${formatDuration(max)}, as milliseconds or text such as '30s' (got ${describe(value)})`,
+    );
+  }
+  return ms;
+}

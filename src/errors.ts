@@ -26,6 +26,7 @@ export const ERROR_CODES = {
   schema_outdated: 500,
   unsupported_server: 500,
   embedded_failed: 500,
+  handler_failed: 500,
   database_error: 500,
 } as const;
 

@@ -4,6 +4,8 @@ import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate } from './db/migrations.js';
 import { closedError, toOrdoError } from './errors.js';
+import { Outbox } from './outbox/outbox.js';
+import { outboxPlans } from './outbox/plans.js';
 import { executeQuery, type StatementResult } from './query/executor.js';
 import { sequencePlans } from './sequences/plans.js';
 import { type NextOptions, Sequences } from './sequences/sequences.js';
@@ -13,6 +15,7 @@ import { Throttles } from './throttles/throttles.js';
 export class Ordo {
   readonly sequences: Sequences;
   readonly throttles: Throttles;
+  readonly outbox: Outbox;
   readonly schema: string;
   readonly nodeId: string;
   private closing: Promise<void> | undefined;
@@ -35,6 +38,12 @@ export class Ordo {
       this.inFlight,
       config.nodeId,
       () => this.closing !== undefined,
+    );
+    this.outbox = new Outbox(
+      pool,
+      outboxPlans(config.schema),
+      (withTx) => this.ensureOpen(withTx),
+      this.inFlight,
     );
     this.throttles = new Throttles(
       pool,
@@ -103,6 +112,7 @@ export class Ordo {
   /** Answers the calls in flight, then ends the pool it created and the embedded server. */
   close(): Promise<void> {
     this.closing ??= (async () => {
+      await this.outbox.close();
       await this.sequences.idle();
       await this.inFlight.idle();
       await this.sequences.close();

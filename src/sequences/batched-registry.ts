@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { clientLike } from '../db/clients.js';
 import { Listener } from '../db/listener.js';
 import type { Queryable } from '../db/queryable.js';
 import { Allocator, type Reservation } from './batched.js';
@@ -121,8 +122,7 @@ export class BatchedRegistry {
   }
 
   private newClient(): pg.Client {
-    const options = (this.pool as unknown as { options: pg.ClientConfig }).options;
-    return new (this.pool as unknown as { Client: typeof pg.Client }).Client(options);
+    return clientLike(this.pool);
   }
 
   private watch(): void {

@@ -1,0 +1,336 @@
+import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
+import type pg from 'pg';
+import { OrdoError, toOrdoError } from '../errors.js';
+import { type OutboxMessage, toMessage } from './messages.js';
+import type { OutboxPlans } from './plans.js';
+
+export interface HandlerContext {
+  /**
+   * The transaction in which the checkpoint is stored: what the handler writes through it
+   * commits together with the cursor, exactly once. Do not COMMIT or ROLLBACK it yourself.
+   */
+  tx: pg.PoolClient;
+  subscription: string;
+  /** 1 on the first delivery of these messages, then 2, 3, … */
+  attempt: number;
+  /** Aborted when this consumer loses its lease or is stopped: stop work that would be wasted. */
+  signal: AbortSignal;
+}
+
+export type Handler<T = unknown> = (
+  messages: OutboxMessage<T>[],
+  context: HandlerContext,
+) => Promise<void> | void;
+
+/** How a consumer's loop ended. */
+export interface SubscriptionEnd {
+  /** 'stopped' by stop() or close(); 'exhausted' when a message failed maxAttempts times with onExhausted 'stop'. */
+  reason: 'stopped' | 'exhausted';
+  error?: OrdoError;
+}
+
+export interface ConsumerSettings {
+  name: string;
+  topic: string;
+  handler: Handler<any>;
+  batchSize: number;
+  maxAttempts: number;
+  onExhausted: 'park' | 'stop';
+  leaseMs: number;
+  pollMs: number;
+  retryDelayMs: number;
+  maxRetryDelayMs: number;
+  onError: ((error: OrdoError) => void) | undefined;
+}
+
+interface Cursor {
+  tx: string;
+  pos: string;
+}
+
+type Step = 'delivered' | 'idle' | 'held' | 'failed' | 'lost';
+
+/** Checkpoint tuples compare as (xid8, bigint): both are decimal text without sign. */
+function after(a: Cursor, b: Cursor): boolean {
+  const tx = BigInt(a.tx) - BigInt(b.tx);
+  return tx > 0n || (tx === 0n && BigInt(a.pos) > BigInt(b.pos));
+}
+
+/**
+ * One consumer of a subscription. It holds the subscription's lease while it consumes,
+ * renews it in the background, and gives it up when stopped. Each batch runs in one
+ * transaction: read, handler, checkpoint, commit; nothing is skipped, because the read only
+ * returns messages that no open transaction can precede.
+ */
+export class Consumer {
+  readonly owner = `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
+  readonly done: Promise<SubscriptionEnd>;
+  private cursor: Cursor | undefined;
+  private attempts = 0;
+  /** After a batch failed, messages up to its last one are delivered one at a time, to find the culprit. */
+  private singleUntil: Cursor | undefined;
+  private leased = false;
+  private stopping = false;
+  private heldDelayMs = 1;
+  private woken = false;
+  private wakeUp: (() => void) | undefined;
+  private heartbeat: NodeJS.Timeout | undefined;
+  private abort = new AbortController();
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly plans: OutboxPlans,
+    private readonly settings: ConsumerSettings,
+  ) {
+    this.done = this.loop();
+  }
+
+  get topic(): string {
+    return this.settings.topic;
+  }
+
+  /** A notification for this topic (or a lost listener): read again now. */
+  notify(): void {
+    this.woken = true;
+    this.wakeUp?.();
+  }
+
+  async stop(): Promise<SubscriptionEnd> {
+    this.stopping = true;
+    this.wakeUp?.();
+    return this.done;
+  }
+
+  private async loop(): Promise<SubscriptionEnd> {
+    let end: SubscriptionEnd = { reason: 'stopped' };
+    let failures = 0;
+    while (!this.stopping) {
+      try {
+        if (!this.leased && !(await this.takeLease())) {
+          await this.sleep(Math.min(this.settings.pollMs, this.settings.leaseMs / 3));
+          continue;
+        }
+        const step = await this.step();
+        failures = 0;
+        if (step === 'delivered' || step === 'lost') continue;
+        if (step === 'held') {
+          // Committed messages wait behind an older open transaction, whose end sends no
+          // notification: look again soon, then less often.
+          await this.sleep(this.heldDelayMs);
+          this.heldDelayMs = Math.min(this.heldDelayMs * 2, this.settings.pollMs);
+        } else if (step === 'idle') {
+          await this.sleep(this.settings.pollMs);
+        }
+      } catch (e) {
+        const error = toOrdoError(e);
+        if (error.code === 'subscription_not_found' || (error as { exhausted?: boolean }).exhausted) {
+          end = { reason: error.code === 'subscription_not_found' ? 'stopped' : 'exhausted', error };
+          this.settings.onError?.(error);
+          break;
+        }
+        this.settings.onError?.(error);
+        // The database is unreachable or refused us: start over from the stored cursor.
+        this.loseLease();
+        await this.sleep(this.retryDelay(++failures));
+      }
+    }
+    this.abort.abort();
+    clearInterval(this.heartbeat);
+    if (this.leased) {
+      this.leased = false;
+      await this.pool.query(this.plans.release, [this.settings.name, this.owner]).catch(() => undefined);
+    }
+    return end;
+  }
+
+  private async takeLease(): Promise<boolean> {
+    const { rows } = await this.pool.query(this.plans.lease, [
+      this.settings.name,
+      this.owner,
+      this.settings.leaseMs,
+    ]);
+    const row = rows[0];
+    if (!row) return false;
+    this.cursor = { tx: row.last_transaction_id, pos: String(row.last_position) };
+    this.attempts = row.attempts;
+    this.singleUntil = undefined;
+    this.leased = true;
+    this.abort = new AbortController();
+    clearInterval(this.heartbeat);
+    this.heartbeat = setInterval(() => void this.renew(), this.settings.leaseMs / 3);
+    this.heartbeat.unref();
+    return true;
+  }
+
+  private async renew(): Promise<void> {
+    if (!this.leased) return;
+    try {
+      const { rows } = await this.pool.query(this.plans.lease, [
+        this.settings.name,
+        this.owner,
+        this.settings.leaseMs,
+      ]);
+      if (rows.length === 0) this.loseLease();
+    } catch {
+      // Not renewed this time; the lease lasts three renewals.
+    }
+  }
+
+  private loseLease(): void {
+    this.leased = false;
+    clearInterval(this.heartbeat);
+    this.abort.abort();
+  }
+
+  /** One batch: read, handle and checkpoint in one transaction. */
+  private async step(): Promise<Step> {
+    const cursor = this.cursor!;
+    const limit =
+      this.singleUntil && after(this.singleUntil, cursor)
+        ? 1
+        : ((this.singleUntil = undefined), this.settings.batchSize);
+    const client = await this.pool.connect();
+    let broken = false;
+    try {
+      await client.query('BEGIN');
+      // Anything committed from here on is seen by the read below or wakes the next wait.
+      this.woken = false;
+      const { rows } = await client.query(this.plans.read, [
+        this.settings.topic,
+        cursor.tx,
+        cursor.pos,
+        limit,
+      ]);
+      if (rows.length === 0) {
+        await client.query('COMMIT');
+        const pending = await client.query(this.plans.pending, [this.settings.topic, cursor.tx, cursor.pos]);
+        if (pending.rows[0].pending) return 'held';
+        this.heldDelayMs = 1;
+        return 'idle';
+      }
+      this.heldDelayMs = 1;
+      const messages = rows.map(toMessage);
+      const last = rows.at(-1)!;
+      const to: Cursor = { tx: last.transaction_id, pos: String(last.position) };
+      try {
+        if (this.abort.signal.aborted) return 'lost';
+        await this.settings.handler(messages, {
+          tx: client,
+          subscription: this.settings.name,
+          attempt: this.attempts + 1,
+          signal: this.abort.signal,
+        });
+        const moved = await client.query(this.plans.checkpoint, [
+          this.settings.name,
+          this.owner,
+          cursor.tx,
+          cursor.pos,
+          to.tx,
+          to.pos,
+          rows.length,
+          this.settings.leaseMs,
+        ]);
+        if (!moved.rows[0].moved) {
+          await client.query('ROLLBACK');
+          this.loseLease();
+          return 'lost';
+        }
+        await client.query('COMMIT');
+      } catch (e) {
+        await client.query('ROLLBACK').catch(() => {
+          broken = true;
+        });
+        if (!this.leased) return 'lost';
+        await this.failed(e, messages, cursor, to);
+        return 'failed';
+      }
+      this.cursor = to;
+      this.attempts = 0;
+      return 'delivered';
+    } catch (e) {
+      broken = true;
+      throw e;
+    } finally {
+      client.release(broken);
+    }
+  }
+
+  /** Counts the failure, then parks the message, stops, or waits before the next try. */
+  private async failed(e: unknown, messages: OutboxMessage[], cursor: Cursor, last: Cursor): Promise<void> {
+    const reason = e instanceof Error ? e.message || e.name : String(e);
+    this.settings.onError?.(
+      new OrdoError('handler_failed', `subscription '${this.settings.name}': the handler failed: ${reason}`, {
+        cause: e,
+      }),
+    );
+    // A failed batch of several says nothing about which message failed: deliver them one
+    // by one, and count attempts against single messages only.
+    const single = messages.length === 1;
+    const { rows } = await this.pool.query(this.plans.recordFailure, [
+      this.settings.name,
+      this.owner,
+      cursor.tx,
+      cursor.pos,
+      reason,
+      single,
+    ]);
+    const attempts = rows[0]?.attempts;
+    if (attempts === null || attempts === undefined) return this.loseLease();
+    this.attempts = attempts;
+    if (!single) {
+      this.singleUntil = last;
+      return;
+    }
+    if (attempts < this.settings.maxAttempts) {
+      await this.sleep(this.retryDelay(attempts));
+      return;
+    }
+    const message = messages[0]!;
+    if (this.settings.onExhausted === 'stop') {
+      const error = new OrdoError(
+        'handler_failed',
+        `subscription '${this.settings.name}' stopped: message ${message.position} failed ${attempts} times: ${reason}`,
+        { cause: e },
+      );
+      throw Object.assign(error, { exhausted: true });
+    }
+    const parked = await this.pool.query(this.plans.park, [
+      this.settings.name,
+      this.owner,
+      cursor.tx,
+      cursor.pos,
+      message.position,
+      reason,
+    ]);
+    if (!parked.rows[0].parked) return this.loseLease();
+    this.cursor = { tx: message.transactionId, pos: String(message.position) };
+    this.attempts = 0;
+  }
+
+  /** Exponential back-off with jitter, from about retryDelay up to maxRetryDelay. */
+  private retryDelay(attempt: number): number {
+    const { retryDelayMs, maxRetryDelayMs } = this.settings;
+    const ceiling = Math.min(maxRetryDelayMs, retryDelayMs * 2 ** Math.max(0, attempt - 1));
+    return retryDelayMs / 2 + Math.random() * Math.max(0, ceiling - retryDelayMs / 2);
+  }
+
+  /** Waits `ms`, or less when notified or stopped. */
+  private sleep(ms: number): Promise<void> {
+    if (this.stopping) return Promise.resolve();
+    if (this.woken) {
+      this.woken = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.wakeUp = undefined;
+        this.woken = false;
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.wakeUp = done;
+    });
+  }
+}

@@ -1,0 +1,137 @@
+import { describe, invalid, knownKeys, plainObject } from '../validate.js';
+
+/** What an application appends. */
+export interface MessageInput {
+  /** What happened, such as 'OrderPlaced' (1–200 characters). */
+  type: string;
+  /** Any JSON value. */
+  data: unknown;
+  /** Groups messages that belong together, such as the order's id (at most 200 characters). */
+  key?: string | null;
+  /** A message_id the topic already holds is not stored again: retries are harmless. */
+  messageId?: string | null;
+  /** A JSON object of metadata (trace ids, …). */
+  headers?: Record<string, unknown>;
+}
+
+/** One appended message: its position, or `duplicate` when its messageId was already stored. */
+export interface Appended {
+  messageId: string | null;
+  position: number | null;
+  transactionId: string | null;
+  duplicate: boolean;
+}
+
+/** A message as a consumer receives it. */
+export interface OutboxMessage<T = unknown> {
+  position: number;
+  /** The id of the transaction that appended it (xid8, as text: it may exceed 2^53). */
+  transactionId: string;
+  topic: string;
+  type: string;
+  key: string | null;
+  messageId: string | null;
+  data: T;
+  headers: Record<string, unknown>;
+  createdAt: Date;
+}
+
+/** The most messages one append may carry. */
+export const MAX_APPEND = 10_000;
+/** Topics and subscription names: also used in URLs and NOTIFY payloads. */
+const NAME = /^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$/;
+const MESSAGE_KEYS = ['type', 'data', 'key', 'messageId', 'headers'] as const;
+
+export function outboxName(what: string, value: unknown): string {
+  if (typeof value !== 'string' || !NAME.test(value)) {
+    throw invalid(
+      `${what} must be 1 to 200 letters, digits or _ . : - (not starting with . : -) (got ${describe(value)})`,
+    );
+  }
+  return value;
+}
+
+export interface Columns {
+  types: string[];
+  data: string[];
+  keys: (string | null)[];
+  messageIds: (string | null)[];
+  headers: string[];
+}
+
+/** Checks every message before anything is written, and lays them out as columns. */
+export function toColumns(input: unknown): Columns {
+  const list = Array.isArray(input) ? input : [input];
+  if (list.length === 0) throw invalid('append needs at least one message');
+  if (list.length > MAX_APPEND)
+    throw invalid(`append takes at most ${MAX_APPEND} messages (got ${list.length})`);
+  const columns: Columns = { types: [], data: [], keys: [], messageIds: [], headers: [] };
+  list.forEach((item, i) => {
+    const what = list.length === 1 ? 'message' : `message ${i}`;
+    const m = plainObject(what, item);
+    knownKeys(what, m, MESSAGE_KEYS);
+    columns.types.push(text(`${what}.type`, m.type, 1));
+    columns.data.push(json(`${what}.data`, m.data));
+    columns.keys.push(m.key == null ? null : text(`${what}.key`, m.key, 0));
+    columns.messageIds.push(m.messageId == null ? null : text(`${what}.messageId`, m.messageId, 1));
+    columns.headers.push(
+      m.headers === undefined ? '{}' : json(`${what}.headers`, plainObject(`${what}.headers`, m.headers)),
+    );
+  });
+  return columns;
+}
+
+function text(what: string, value: unknown, min: number): string {
+  if (typeof value !== 'string' || value.length < min || value.length > 200) {
+    throw invalid(`${what} must be text of ${min} to 200 characters (got ${describe(value)})`);
+  }
+  return value;
+}
+
+function json(what: string, value: unknown): string {
+  let encoded: string | undefined;
+  try {
+    encoded = JSON.stringify(value);
+  } catch (e) {
+    throw invalid(`${what} cannot be stored as JSON: ${(e as Error).message}`);
+  }
+  if (encoded === undefined) throw invalid(`${what} must be a JSON value (got ${describe(value)})`);
+  return encoded;
+}
+
+/**
+ * Matches the stored rows to the messages given. append_many returns only what it stored,
+ * each with its message_id: a message without one is always stored, and of several with the
+ * same message_id only the first is (positions follow the order given).
+ */
+export function matchAppended(columns: Columns, rows: Record<string, any>[]): Appended[] {
+  const byId = new Map<string, Record<string, any>>();
+  const anonymous: Record<string, any>[] = [];
+  // Positions follow the order given; RETURNING's order is not promised.
+  for (const row of [...rows].sort((a, b) => Number(a.position) - Number(b.position))) {
+    if (row.message_id === null) anonymous.push(row);
+    else byId.set(row.message_id, row);
+  }
+  let next = 0;
+  return columns.messageIds.map((messageId) => {
+    const row = messageId === null ? anonymous[next++] : byId.get(messageId);
+    if (messageId !== null) byId.delete(messageId);
+    return row
+      ? { messageId, position: Number(row.position), transactionId: row.transaction_id, duplicate: false }
+      : { messageId, position: null, transactionId: null, duplicate: true };
+  });
+}
+
+export function toMessage(row: Record<string, any>): OutboxMessage {
+  return {
+    position: Number(row.position),
+    transactionId: row.transaction_id,
+    topic: row.topic,
+    type: row.type,
+    key: row.key,
+    messageId: row.message_id,
+    data: row.data,
+    headers: row.headers,
+    createdAt: row.created_at,
+  };
+}
