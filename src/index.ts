@@ -2,6 +2,16 @@ export type { EmbeddedOptions, OrdoOptions } from './config.js';
 export type { Queryable } from './db/queryable.js';
 export { ERROR_CODES, OrdoError, type OrdoErrorCode } from './errors.js';
 export { createOrdo, Ordo } from './ordo.js';
+export type { Handler, HandlerContext, SubscriptionEnd } from './outbox/consumer.js';
+export type { Blocker, SubscriptionLag } from './outbox/lag.js';
+export { type Appended, MAX_APPEND, type MessageInput, type OutboxMessage } from './outbox/messages.js';
+export {
+  type AppendOptions,
+  type DeadLetter,
+  Outbox,
+  type SubscribeOptions,
+  type Subscription,
+} from './outbox/outbox.js';
 export type { StatementResult } from './query/executor.js';
 export type { Issued } from './sequences/coalescer.js';
 export type {

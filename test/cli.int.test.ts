@@ -54,7 +54,7 @@ describe('ordo CLI', () => {
     expect(many.code).toBe(0);
     expect(JSON.parse(many.out).map((i: { value: number }) => i.value)).toEqual([2, 3]);
     const status = cli('status', '--json');
-    expect(JSON.parse(status.out)).toContainEqual({
+    expect(JSON.parse(status.out).sequences).toContainEqual({
       name: 'ticket',
       reset: 'day',
       scope: 'desk',

@@ -373,6 +373,9 @@ describe('routes', () => {
         'POST /v1/query',
         'POST /v1/sequences/{name}/next',
         'PUT /v1/sequences/{name}',
+        'POST /v1/topics/{topic}/messages',
+        'GET /v1/subscriptions',
+        'GET /v1/subscriptions/{name}',
       ].sort(),
     );
     const next = paths['/v1/sequences/{name}/next']!.post as any;

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { envDatabaseUrl } from '../config.js';
-import { createOrdo, type Ordo, OrdoError } from '../index.js';
+import { type Blocker, createOrdo, type Ordo, OrdoError } from '../index.js';
 import { buildServer } from '../server/app.js';
 import { parseTokens, readTokensFile, type Token } from '../server/auth.js';
 
@@ -140,21 +140,42 @@ const COMMANDS: Record<string, Command> = {
 
   status: {
     usage: `ordo status [--json]
-  Lists the sequences with their current values per scope and period.`,
+  Lists the sequences with their current values per scope and period, and the outbox
+  subscriptions with how far they are behind and any open transaction holding them back.`,
     options: { json: { type: 'boolean' } },
     check: noArguments('status'),
     async run(ordo, _args, flags) {
-      const rows = await ordo.sequences.status();
-      if (flags.json) console.log(JSON.stringify(rows, null, 2));
-      else if (rows.length === 0) console.log('no sequences defined');
+      const sequences = await ordo.sequences.status();
+      const subscriptions = await ordo.outbox.subscriptions();
+      if (flags.json) {
+        console.log(JSON.stringify({ sequences, subscriptions }, null, 2));
+        return 0;
+      }
+      if (sequences.length === 0) console.log('no sequences defined');
       else {
+        console.log('sequences');
         console.table(
-          rows.map((r) => ({
+          sequences.map((r) => ({
             sequence: r.name,
             reset: r.reset,
             scope: r.scope ?? '',
             period: r.period ?? '',
             value: r.value ?? '',
+          })),
+        );
+      }
+      if (subscriptions.length === 0) console.log('no outbox subscriptions');
+      else {
+        console.log('outbox subscriptions');
+        console.table(
+          subscriptions.map((s) => ({
+            subscription: s.name,
+            topic: s.topic,
+            behind: s.messagesBehind,
+            'oldest (s)': s.oldestAgeMs === null ? '' : Math.round(s.oldestAgeMs / 100) / 10,
+            'held back by': s.blockedBy ? describeBlocker(s.blockedBy) : '',
+            consumer: s.owner ?? '',
+            'last error': s.lastError ?? '',
           })),
         );
       }
@@ -190,7 +211,7 @@ Usage:
   ordo serve [--port 7070] [--host 127.0.0.1]   the HTTP API
   ordo sql "<statements>" [--json]              SurrealQL-compatible statements
   ordo next <name> [--scope s] [--count n]      take values
-  ordo status [--json]                          sequences and their current values
+  ordo status [--json]                          sequences, subscriptions and throttles
   ordo migrate                                  apply migrations
   ordo bench                                    run the benchmarks
 
@@ -199,6 +220,14 @@ ${COMMON_HELP}
 
 ordo <command> --help shows a command's own options.
 `;
+
+function describeBlocker(b: Blocker): string {
+  const who = b.pid === null ? `prepared transaction '${b.preparedGid}'` : `pid ${b.pid}`;
+  const open = b.openForMs === null ? '' : `, open ${Math.round(b.openForMs / 1000)} s`;
+  const state = b.state ? `, ${b.state}` : '';
+  const app = b.applicationName ? ` (${b.applicationName})` : '';
+  return `${who}${app}${state}${open}`;
+}
 
 /** Exit status 2: the command line itself is wrong. */
 class UsageError extends Error {}

@@ -13,6 +13,8 @@ import { MAX_COUNT } from '../sequences/sequences.js';
 import { MAX_VALUE } from '../validate.js';
 import { authenticate, type Scope, type Token } from './auth.js';
 import { createMetrics } from './metrics.js';
+import { outboxRoutes } from './outbox-routes.js';
+import { ERROR } from './schemas.js';
 
 export interface ServerOptions {
   /** Bearer tokens; when empty or absent every route is open. */
@@ -32,11 +34,6 @@ declare module 'fastify' {
 
 const NAME = { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]{0,62}$' } as const;
 const INTEGER = { type: 'integer', minimum: -MAX_VALUE, maximum: MAX_VALUE } as const;
-const ERROR = {
-  type: 'object',
-  properties: { code: { type: 'string' }, message: { type: 'string' } },
-  required: ['code', 'message'],
-} as const;
 const DEFINITION = {
   type: 'object',
   properties: {
@@ -324,6 +321,8 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
       };
     },
   );
+
+  outboxRoutes(app, ordo);
 
   return app;
 }
