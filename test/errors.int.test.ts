@@ -789,6 +789,8 @@ describe('embedded_failed', () => {
 //
 // unauthorized, forbidden, not_found, payload_too_large and unsupported_media_type belong to
 // the HTTP server (test/server.int.test.ts reaches them); nothing in the library API raises them.
+// The outbox's codes are reached by test/outbox*.int.test.ts (on a PostgreSQL of their own), the
+// throttles' by test/throttles*.int.test.ts.
 const UNREACHABLE: OrdoErrorCode[] = [
   'unsupported_server',
   'unauthorized',
@@ -796,6 +798,14 @@ const UNREACHABLE: OrdoErrorCode[] = [
   'not_found',
   'payload_too_large',
   'unsupported_media_type',
+  'subscription_not_found',
+  'subscription_conflict',
+  'handler_failed',
+  'throttle_not_found',
+  'throttle_exists',
+  'permit_not_found',
+  'permit_expired',
+  'throttled',
 ];
 
 describe('coverage of ERROR_CODES', () => {
