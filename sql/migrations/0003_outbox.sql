@@ -61,9 +61,15 @@ CREATE TABLE {{schema}}.dead_letters (
   PRIMARY KEY (subscription, position)
 );
 
--- Appends messages in the caller's transaction and wakes consumers when it commits (NOTIFY
--- is delivered on commit only, and once per topic per transaction). Returns the stored
--- messages; a message whose message_id the topic already holds is not returned.
+-- Appends messages in the caller's transaction and wakes consumers when it commits. Returns
+-- the stored messages; a message whose message_id the topic already holds is not returned.
+--
+-- PostgreSQL serializes the commits of all transactions that sent a NOTIFY (one lock, held
+-- through the commit's WAL flush): notifying on every append cut append throughput to a
+-- quarter under 16 writers. So only one open transaction per topic notifies, the one holding
+-- a transaction-scoped advisory lock on the topic; the others skip it. A consumer woken by
+-- that commit reads everything committed by then, and its polling covers the rest. Wake-ups
+-- only save latency: what a consumer reads is decided by read_messages alone.
 CREATE FUNCTION {{schema}}.append_many(
   msg_topic text, msg_types text[], msg_data jsonb[], msg_keys text[], msg_ids text[], msg_headers jsonb[])
 RETURNS TABLE (message_id text, "position" bigint, transaction_id xid8)
@@ -84,7 +90,9 @@ BEGIN
      ORDER BY t.n
     ON CONFLICT (topic, message_id) WHERE message_id IS NOT NULL DO NOTHING
     RETURNING m.message_id, m.position, m.transaction_id;
-  PERFORM pg_notify('ordo_outbox.{{schema_name}}', msg_topic);
+  IF pg_try_advisory_xact_lock(hashtext('ordo_outbox.{{schema_name}}'), hashtext(msg_topic)) THEN
+    PERFORM pg_notify('ordo_outbox.{{schema_name}}', msg_topic);
+  END IF;
 END $$;
 
 -- One message, for triggers and other languages: the position, or null for a message_id the
