@@ -98,6 +98,8 @@ export class Consumer {
 
   async stop(): Promise<SubscriptionEnd> {
     this.stopping = true;
+    // A handler that watches the signal may end early; its batch is then rolled back, not counted as a failure.
+    this.abort.abort();
     this.wakeUp?.();
     return this.done;
   }
@@ -186,10 +188,8 @@ export class Consumer {
   /** One batch: read, handle and checkpoint in one transaction. */
   private async step(): Promise<Step> {
     const cursor = this.cursor!;
-    const limit =
-      this.singleUntil && after(this.singleUntil, cursor)
-        ? 1
-        : ((this.singleUntil = undefined), this.settings.batchSize);
+    if (this.singleUntil && !after(this.singleUntil, cursor)) this.singleUntil = undefined;
+    const limit = this.singleUntil ? 1 : this.settings.batchSize;
     const client = await this.pool.connect();
     let broken = false;
     try {
@@ -214,7 +214,10 @@ export class Consumer {
       const last = rows.at(-1)!;
       const to: Cursor = { tx: last.transaction_id, pos: String(last.position) };
       try {
-        if (this.abort.signal.aborted) return 'lost';
+        if (this.abort.signal.aborted) {
+          await client.query('ROLLBACK');
+          return 'lost';
+        }
         await this.settings.handler(messages, {
           tx: client,
           subscription: this.settings.name,
@@ -241,7 +244,7 @@ export class Consumer {
         await client.query('ROLLBACK').catch(() => {
           broken = true;
         });
-        if (!this.leased) return 'lost';
+        if (!this.leased || this.stopping) return 'lost';
         await this.failed(e, messages, cursor, to);
         return 'failed';
       }
