@@ -68,6 +68,12 @@ export class Ordo {
       throw toOrdoError(e);
     });
     let broken = false;
+    // pg-pool stops listening to a client it hands out: a connection cut while `fn` runs
+    // would otherwise be an uncaught 'error'. The next query fails and says so.
+    const onError = () => {
+      broken = true;
+    };
+    client.on('error', onError);
     try {
       await client.query('BEGIN');
       const result = await fn(client);
@@ -79,6 +85,7 @@ export class Ordo {
       });
       throw e;
     } finally {
+      client.off('error', onError);
       client.release(broken);
     }
   }

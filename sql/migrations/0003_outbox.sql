@@ -109,11 +109,19 @@ $$;
 -- The messages a consumer may take after its cursor: only transactions older than every
 -- running one (all of them have ended, so nothing can still commit before the cursor), in
 -- (transaction_id, position) order. One statement, so the snapshot that decides what is safe
--- is the one that reads. Inlined by the planner: EXPLAIN shows the index scan.
+-- is the one that reads.
+--
+-- The plan must be an index scan in index order, stopping after max_count rows. When the
+-- statistics say few rows follow the cursor (a caught-up consumer, or a burst that arrived
+-- after the last ANALYZE) the planner prefers a bitmap scan and a sort, which reads and sorts
+-- the whole backlog on every poll (20,000 rows read to return 1,000). The settings below take
+-- that choice away from every caller, whatever language it is written in.
 CREATE FUNCTION {{schema}}.read_messages(
   msg_topic text, after_transaction_id xid8, after_position bigint, max_count integer)
 RETURNS SETOF {{schema}}.messages
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+SET enable_bitmapscan = off SET enable_sort = off SET enable_seqscan = off
+AS $$
   SELECT * FROM {{schema}}.messages m
    WHERE m.topic = msg_topic
      AND (m.transaction_id, m.position) > (after_transaction_id, after_position)

@@ -49,7 +49,10 @@ interface Cursor {
   pos: string;
 }
 
-type Step = 'delivered' | 'idle' | 'held' | 'failed' | 'lost';
+type Step =
+  | { kind: 'delivered' | 'idle' | 'held' | 'lost' }
+  | { kind: 'failed'; retryInMs: number }
+  | { kind: 'exhausted'; error: OrdoError };
 
 /** Checkpoint tuples compare as (xid8, bigint): both are decimal text without sign. */
 function after(a: Cursor, b: Cursor): boolean {
@@ -115,23 +118,28 @@ export class Consumer {
         }
         const step = await this.step();
         failures = 0;
-        if (step === 'delivered' || step === 'lost') continue;
-        if (step === 'held') {
+        if (step.kind === 'exhausted') {
+          end = { reason: 'exhausted', error: step.error };
+          this.settings.onError?.(step.error);
+          break;
+        }
+        if (step.kind === 'held') {
           // Committed messages wait behind an older open transaction, whose end sends no
           // notification: look again soon, then less often.
           await this.sleep(this.heldDelayMs);
           this.heldDelayMs = Math.min(this.heldDelayMs * 2, this.settings.pollMs);
-        } else if (step === 'idle') {
+        } else if (step.kind === 'idle') {
           await this.sleep(this.settings.pollMs);
+        } else if (step.kind === 'failed') {
+          await this.sleep(step.retryInMs);
         }
       } catch (e) {
         const error = toOrdoError(e);
-        if (error.code === 'subscription_not_found' || (error as { exhausted?: boolean }).exhausted) {
-          end = { reason: error.code === 'subscription_not_found' ? 'stopped' : 'exhausted', error };
-          this.settings.onError?.(error);
+        this.settings.onError?.(error);
+        if (error.code === 'subscription_not_found') {
+          end = { reason: 'stopped', error };
           break;
         }
-        this.settings.onError?.(error);
         // The database is unreachable or refused us: start over from the stored cursor.
         this.loseLease();
         await this.sleep(this.retryDelay(++failures));
@@ -174,8 +182,9 @@ export class Consumer {
         this.settings.leaseMs,
       ]);
       if (rows.length === 0) this.loseLease();
-    } catch {
-      // Not renewed this time; the lease lasts three renewals.
+    } catch (e) {
+      // Removed: the loop finds out at its next lease. Anything else: the lease lasts three renewals.
+      if (toOrdoError(e).code === 'subscription_not_found') this.lostSubscription();
     }
   }
 
@@ -185,13 +194,29 @@ export class Consumer {
     this.abort.abort();
   }
 
-  /** One batch: read, handle and checkpoint in one transaction. */
+  /** The subscription row is gone or no longer ours: re-lease now, which ends the loop if it was removed. */
+  private lostSubscription(): void {
+    this.loseLease();
+    this.notify();
+  }
+
+  /**
+   * One batch: read, handle and checkpoint in one transaction. Failures are recorded on the
+   * same connection after the rollback: a consumer never waits for a second connection while
+   * holding one, so consumers failing at once cannot starve a pool between them.
+   */
   private async step(): Promise<Step> {
     const cursor = this.cursor!;
     if (this.singleUntil && !after(this.singleUntil, cursor)) this.singleUntil = undefined;
     const limit = this.singleUntil ? 1 : this.settings.batchSize;
     const client = await this.pool.connect();
     let broken = false;
+    // pg-pool stops listening to a client it hands out: a connection cut while the handler
+    // runs would otherwise be an uncaught 'error'. Its next query fails and says so.
+    const onError = () => {
+      broken = true;
+    };
+    client.on('error', onError);
     try {
       await client.query('BEGIN');
       // Anything committed from here on is seen by the read below or wakes the next wait.
@@ -204,20 +229,27 @@ export class Consumer {
       ]);
       if (rows.length === 0) {
         await client.query('COMMIT');
-        const pending = await client.query(this.plans.pending, [this.settings.topic, cursor.tx, cursor.pos]);
-        if (pending.rows[0].pending) return 'held';
+        const { rows: idle } = await client.query(this.plans.pending, [
+          this.settings.topic,
+          cursor.tx,
+          cursor.pos,
+          this.settings.name,
+          this.owner,
+        ]);
+        if (!idle[0].leased) {
+          this.lostSubscription();
+          return { kind: 'lost' };
+        }
+        if (idle[0].pending) return { kind: 'held' };
         this.heldDelayMs = 1;
-        return 'idle';
+        return { kind: 'idle' };
       }
       this.heldDelayMs = 1;
       const messages = rows.map(toMessage);
       const last = rows.at(-1)!;
       const to: Cursor = { tx: last.transaction_id, pos: String(last.position) };
       try {
-        if (this.abort.signal.aborted) {
-          await client.query('ROLLBACK');
-          return 'lost';
-        }
+        if (this.abort.signal.aborted) throw new Error('the consumer stopped or lost its lease');
         await this.settings.handler(messages, {
           tx: client,
           subscription: this.settings.name,
@@ -236,31 +268,35 @@ export class Consumer {
         ]);
         if (!moved.rows[0].moved) {
           await client.query('ROLLBACK');
-          this.loseLease();
-          return 'lost';
+          this.lostSubscription();
+          return { kind: 'lost' };
         }
         await client.query('COMMIT');
       } catch (e) {
-        await client.query('ROLLBACK').catch(() => {
-          broken = true;
-        });
-        if (!this.leased || this.stopping) return 'lost';
-        await this.failed(e, messages, cursor, to);
-        return 'failed';
+        await client.query('ROLLBACK');
+        if (!this.leased || this.stopping) return { kind: 'lost' };
+        return await this.failed(client, e, messages, cursor, to);
       }
       this.cursor = to;
       this.attempts = 0;
-      return 'delivered';
+      return { kind: 'delivered' };
     } catch (e) {
       broken = true;
       throw e;
     } finally {
+      client.off('error', onError);
       client.release(broken);
     }
   }
 
-  /** Counts the failure, then parks the message, stops, or waits before the next try. */
-  private async failed(e: unknown, messages: OutboxMessage[], cursor: Cursor, last: Cursor): Promise<void> {
+  /** Counts the failure; then parks the message, gives up, or says how long to wait. */
+  private async failed(
+    client: pg.PoolClient,
+    e: unknown,
+    messages: OutboxMessage[],
+    cursor: Cursor,
+    last: Cursor,
+  ): Promise<Step> {
     const reason = e instanceof Error ? e.message || e.name : String(e);
     this.settings.onError?.(
       new OrdoError('handler_failed', `subscription '${this.settings.name}': the handler failed: ${reason}`, {
@@ -270,7 +306,7 @@ export class Consumer {
     // A failed batch of several says nothing about which message failed: deliver them one
     // by one, and count attempts against single messages only.
     const single = messages.length === 1;
-    const { rows } = await this.pool.query(this.plans.recordFailure, [
+    const { rows } = await client.query(this.plans.recordFailure, [
       this.settings.name,
       this.owner,
       cursor.tx,
@@ -279,16 +315,16 @@ export class Consumer {
       single,
     ]);
     const attempts = rows[0]?.attempts;
-    if (attempts === null || attempts === undefined) return this.loseLease();
+    if (attempts === null || attempts === undefined) {
+      this.lostSubscription();
+      return { kind: 'lost' };
+    }
     this.attempts = attempts;
     if (!single) {
       this.singleUntil = last;
-      return;
+      return { kind: 'failed', retryInMs: 0 };
     }
-    if (attempts < this.settings.maxAttempts) {
-      await this.sleep(this.retryDelay(attempts));
-      return;
-    }
+    if (attempts < this.settings.maxAttempts) return { kind: 'failed', retryInMs: this.retryDelay(attempts) };
     const message = messages[0]!;
     if (this.settings.onExhausted === 'stop') {
       const error = new OrdoError(
@@ -296,9 +332,9 @@ export class Consumer {
         `subscription '${this.settings.name}' stopped: message ${message.position} failed ${attempts} times: ${reason}`,
         { cause: e },
       );
-      throw Object.assign(error, { exhausted: true });
+      return { kind: 'exhausted', error };
     }
-    const parked = await this.pool.query(this.plans.park, [
+    const parked = await client.query(this.plans.park, [
       this.settings.name,
       this.owner,
       cursor.tx,
@@ -306,9 +342,13 @@ export class Consumer {
       message.position,
       reason,
     ]);
-    if (!parked.rows[0].parked) return this.loseLease();
+    if (!parked.rows[0].parked) {
+      this.lostSubscription();
+      return { kind: 'lost' };
+    }
     this.cursor = { tx: message.transactionId, pos: String(message.position) };
     this.attempts = 0;
+    return { kind: 'delivered' };
   }
 
   /** Exponential back-off with jitter, from about retryDelay up to maxRetryDelay. */

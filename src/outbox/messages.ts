@@ -81,10 +81,17 @@ export function toColumns(input: unknown): Columns {
   return columns;
 }
 
+/** Half of a surrogate pair without its other half: UTF-8 cannot encode it. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+/** JSON.stringify writes lone surrogates as \uD8xx–\uDFxx escapes (pairs it writes as they are). */
+const ESCAPED_SURROGATE = /(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F][0-9a-fA-F]{2}/;
+const NOT_UNICODE = 'is not well-formed Unicode (a lone surrogate); it would be stored altered';
+
 function text(what: string, value: unknown, min: number): string {
   if (typeof value !== 'string' || value.length < min || value.length > 200) {
     throw invalid(`${what} must be text of ${min} to 200 characters (got ${describe(value)})`);
   }
+  if (LONE_SURROGATE.test(value)) throw invalid(`${what} ${NOT_UNICODE}`);
   return value;
 }
 
@@ -96,6 +103,7 @@ function json(what: string, value: unknown): string {
     throw invalid(`${what} cannot be stored as JSON: ${(e as Error).message}`);
   }
   if (encoded === undefined) throw invalid(`${what} must be a JSON value (got ${describe(value)})`);
+  if (ESCAPED_SURROGATE.test(encoded)) throw invalid(`${what} ${NOT_UNICODE}`);
   return encoded;
 }
 

@@ -98,7 +98,7 @@ export class Outbox {
    * are then part of that transaction: visible to consumers when it commits, gone if it
    * rolls back). Returns one entry per message, in order.
    */
-  append(
+  async append(
     topic: string,
     messages: MessageInput | MessageInput[],
     options: AppendOptions = {},
@@ -108,23 +108,12 @@ export class Outbox {
     this.ensureOpen(tx !== undefined);
     outboxName('topic', topic);
     const columns = toColumns(messages);
-    return this.inFlight.track(
-      (async () => {
-        const { rows } = await (tx ?? this.pool)
-          .query(this.plans.append, [
-            topic,
-            columns.types,
-            columns.data,
-            columns.keys,
-            columns.messageIds,
-            columns.headers,
-          ])
-          .catch((e: unknown) => {
-            throw toOrdoError(e, this.plans.append);
-          });
-        return matchAppended(columns, rows);
-      })(),
+    const { rows } = await this.run(
+      this.plans.append,
+      [topic, columns.types, columns.data, columns.keys, columns.messageIds, columns.headers],
+      tx,
     );
+    return matchAppended(columns, rows);
   }
 
   /**
@@ -244,9 +233,9 @@ export class Outbox {
     await this.listener?.stop();
   }
 
-  private run(text: string, values: unknown[]): Promise<pg.QueryResult> {
+  private run(text: string, values: unknown[], on: Queryable = this.pool): Promise<{ rows: any[] }> {
     return this.inFlight.track(
-      this.pool.query(text, values).catch((e: unknown) => {
+      on.query(text, values).catch((e: unknown) => {
         throw toOrdoError(e, text);
       }),
     );

@@ -14,8 +14,12 @@ export function outboxPlans(schema: string) {
     /** The hot read: messages after the cursor that no open transaction can precede. */
     read: `SELECT position, transaction_id::text, topic, type, key, message_id, data, headers, created_at
       FROM ${s}.read_messages($1, $2::xid8, $3, $4)`,
-    /** Whether messages past the cursor exist that read could not return yet. */
-    pending: `SELECT EXISTS (SELECT 1 FROM ${s}.messages WHERE topic = $1 AND (transaction_id, position) > ($2::xid8, $3)) AS pending`,
+    /**
+     * After an empty read: whether messages past the cursor exist that read could not return
+     * yet, and whether the subscription is still this consumer's (it may have been removed).
+     */
+    pending: `SELECT EXISTS (SELECT 1 FROM ${s}.messages WHERE topic = $1 AND (transaction_id, position) > ($2::xid8, $3)) AS pending,
+        EXISTS (SELECT 1 FROM ${s}.subscriptions WHERE name = $4 AND owner = $5) AS leased`,
     create: `SELECT name FROM ${s}.create_subscription($1, $2, $3)`,
     lease: `SELECT last_transaction_id::text, last_position, attempts FROM ${s}.lease_subscription($1, $2, $3)`,
     release: `SELECT ${s}.release_subscription($1, $2) AS released`,
