@@ -28,3 +28,23 @@ export {
   type SequenceStatus,
   Sequences,
 } from './sequences/sequences.js';
+export type { DefineThrottleOptions, ThrottleDefinition, ThrottlePolicy } from './throttles/definitions.js';
+export {
+  type AcquireResult,
+  type FailOptions,
+  Permit,
+  type PermitCallOptions,
+  type PermitEnd,
+  type PermitOutcome,
+  type Refusal,
+} from './throttles/permit.js';
+export {
+  type AcquireOptions,
+  type RemoveThrottleOptions,
+  type RunContext,
+  type RunOptions,
+  type RunResult,
+  type RunningPermit,
+  type ThrottleState,
+  Throttles,
+} from './throttles/throttles.js';

@@ -73,6 +73,33 @@ describe('ordo CLI', () => {
     expect(tooMany.err).toContain('invalid_argument: count must be a whole number from 1 to 10000');
   });
 
+  it('status lists outbox subscriptions with their lag, throttles and running permits', async () => {
+    await ordo.outbox.append('orders', [{ type: 'A', data: 1 }]);
+    // The subscription exists without a consumer: it is behind by the message above.
+    await db.pool(1).query(`SELECT * FROM ordo.create_subscription('billing', 'orders', 'beginning')`);
+    await ordo.throttles.define({ name: 'FOO', every: '1m', concurrency: 1, lease: '10m' });
+    const permit = await ordo.throttles.acquire('FOO', { key: 'tenant-1', holder: 'worker-7' });
+    expect(permit.granted).toBe(true);
+    const json = cli('status', '--json');
+    expect(json.code).toBe(0);
+    const status = JSON.parse(json.out);
+    expect(status.subscriptions).toMatchObject([{ name: 'billing', topic: 'orders', messagesBehind: 1 }]);
+    expect(status.throttles).toMatchObject([{ name: 'FOO', everyMs: 60_000, concurrency: 1 }]);
+    expect(status.permits).toMatchObject([{ name: 'FOO', key: 'tenant-1', holder: 'worker-7' }]);
+    const text = cli('status');
+    expect(text.code).toBe(0);
+    for (const shown of [
+      'outbox subscriptions',
+      'billing',
+      'throttles',
+      '1m',
+      'running permits',
+      'worker-7',
+    ]) {
+      expect(text.out).toContain(shown);
+    }
+  });
+
   it("runs statements with `ordo sql`, printing SurrealDB's answers (and --json)", () => {
     const plain = cli(
       'sql',

@@ -376,6 +376,15 @@ describe('routes', () => {
         'POST /v1/topics/{topic}/messages',
         'GET /v1/subscriptions',
         'GET /v1/subscriptions/{name}',
+        'GET /v1/throttles',
+        'GET /v1/throttles/{name}',
+        'PUT /v1/throttles/{name}',
+        'DELETE /v1/throttles/{name}',
+        'GET /v1/throttles/{name}/state',
+        'POST /v1/throttles/{name}/acquire',
+        'POST /v1/permits/{id}/complete',
+        'POST /v1/permits/{id}/fail',
+        'POST /v1/permits/{id}/extend',
       ].sort(),
     );
     const next = paths['/v1/sequences/{name}/next']!.post as any;

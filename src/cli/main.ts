@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { envDatabaseUrl } from '../config.js';
+import { formatDuration } from '../durations.js';
 import { type Blocker, createOrdo, type Ordo, OrdoError } from '../index.js';
 import { buildServer } from '../server/app.js';
 import { parseTokens, readTokensFile, type Token } from '../server/auth.js';
@@ -140,15 +141,18 @@ const COMMANDS: Record<string, Command> = {
 
   status: {
     usage: `ordo status [--json]
-  Lists the sequences with their current values per scope and period, and the outbox
-  subscriptions with how far they are behind and any open transaction holding them back.`,
+  Lists the sequences with their current values per scope and period, the outbox
+  subscriptions with how far they are behind and any open transaction holding them back,
+  and the throttles with their running permits.`,
     options: { json: { type: 'boolean' } },
     check: noArguments('status'),
     async run(ordo, _args, flags) {
       const sequences = await ordo.sequences.status();
       const subscriptions = await ordo.outbox.subscriptions();
+      const throttles = await ordo.throttles.list();
+      const permits = await ordo.throttles.running();
       if (flags.json) {
-        console.log(JSON.stringify({ sequences, subscriptions }, null, 2));
+        console.log(JSON.stringify({ sequences, subscriptions, throttles, permits }, null, 2));
         return 0;
       }
       if (sequences.length === 0) console.log('no sequences defined');
@@ -176,6 +180,35 @@ const COMMANDS: Record<string, Command> = {
             'held back by': s.blockedBy ? describeBlocker(s.blockedBy) : '',
             consumer: s.owner ?? '',
             'last error': s.lastError ?? '',
+          })),
+        );
+      }
+      if (throttles.length === 0) console.log('no throttles defined');
+      else {
+        console.log('throttles');
+        console.table(
+          throttles.map((t) => ({
+            throttle: t.name,
+            every: t.everyMs === null ? '' : formatDuration(t.everyMs),
+            rate: t.limit === null || t.perMs === null ? '' : `${t.limit}/${formatDuration(t.perMs)}`,
+            concurrency: t.concurrency ?? '',
+            lease: formatDuration(t.leaseMs),
+            'refund on failure': t.refundOnFailure ? 'yes' : 'no',
+            running: permits.filter((p) => p.name === t.name).length,
+          })),
+        );
+      }
+      if (permits.length === 0) console.log('no running permits');
+      else {
+        console.log('running permits');
+        console.table(
+          permits.map((p) => ({
+            throttle: p.name,
+            key: p.key,
+            holder: p.holder,
+            permit: p.id,
+            since: p.acquiredAt.toISOString(),
+            expires: p.expiresAt.toISOString(),
           })),
         );
       }

@@ -15,6 +15,7 @@ import { authenticate, type Scope, type Token } from './auth.js';
 import { createMetrics } from './metrics.js';
 import { outboxRoutes } from './outbox-routes.js';
 import { ERROR } from './schemas.js';
+import { throttleRoutes } from './throttle-routes.js';
 
 export interface ServerOptions {
   /** Bearer tokens; when empty or absent every route is open. */
@@ -323,6 +324,8 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
   );
 
   outboxRoutes(app, ordo);
+
+  throttleRoutes(app, ordo);
 
   return app;
 }

@@ -1,0 +1,423 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import pg from 'pg';
+import { RateLimiterPostgres } from 'rate-limiter-flexible';
+import { createOrdo, type Ordo } from '../src/index.js';
+import {
+  type BenchContext,
+  countQueries,
+  fmt,
+  interleave,
+  type LoadResult,
+  openPool,
+  ratioCell,
+  type Suite,
+  type Table,
+  type Verified,
+} from './harness.js';
+
+/**
+ * Throttles. (1) acquire + complete throughput, on one hot key and on 1000 keys, against
+ * rate-limiter-flexible's RateLimiterPostgres (one consume() per op) on the same PostgreSQL,
+ * the same pool and the same number of concurrent callers; ordo does more per op (a lease
+ * and an outcome per permit, on the database clock). (2) The FOO story: 50 workers released at
+ * once on "FOO every 200 ms, at most one running", ten queued tasks, some longer than the
+ * interval; starts closer than the interval and tasks running at once are counted for a naive
+ * read-then-write check, for the usual conditional UPDATE, and for ordo.
+ */
+
+const CALLERS = 32;
+const KEY_COUNT = 1000;
+const THROTTLE = 'bench_throttle';
+const RLF_TABLE = 'bench_rlf';
+
+interface Keys {
+  label: string;
+  key(): string;
+}
+const HOT: Keys = { label: 'hot', key: () => 'hot' };
+const MANY: Keys = { label: `${KEY_COUNT} keys`, key: () => `k${Math.floor(Math.random() * KEY_COUNT)}` };
+
+interface Row {
+  label: string;
+  keys: string;
+  load: LoadResult;
+  verified: Verified;
+}
+
+async function run(ctx: BenchContext): Promise<Table[]> {
+  const pool = await openPool(ctx.url, CALLERS, 'ordo-bench');
+  const admin = new pg.Pool({ connectionString: ctx.url, max: 2, application_name: 'ordo-bench-admin' });
+  admin.on('error', () => undefined);
+  try {
+    const ordo = await createOrdo({ pool });
+    // Generous limits: every acquire is granted, so that an op is always acquire + complete.
+    await ordo.throttles.define({
+      name: THROTTLE,
+      limit: 1_000_000,
+      per: '1s',
+      lease: '1m',
+      overwrite: true,
+    });
+    const limiter = await new Promise<RateLimiterPostgres>((resolve, reject) => {
+      const created: RateLimiterPostgres = new RateLimiterPostgres(
+        { storeClient: pool, storeType: 'pool', tableName: RLF_TABLE, points: 1_000_000_000, duration: 3600 },
+        (error?: Error) => (error ? reject(error) : resolve(created)),
+      );
+    });
+    const counter = countQueries(pool);
+    const rows: Row[] = [];
+    const goals: string[][] = [];
+    for (const keys of [HOT, MANY]) {
+      let ordoOps = 0;
+      let rlfOps = 0;
+      const measured = await interleave(
+        {
+          ordo: {
+            workers: CALLERS,
+            statements: () => counter.count,
+            op: async () => {
+              const permit = await ordo.throttles.acquire(THROTTLE, { key: keys.key() });
+              if (!permit.granted) throw new Error(`refused: ${permit.reason}`);
+              await permit.complete();
+              ordoOps++;
+            },
+          },
+          rlf: {
+            workers: CALLERS,
+            statements: () => counter.count,
+            op: async () => {
+              await limiter.consume(keys.key());
+              rlfOps++;
+            },
+          },
+        },
+        ctx,
+      );
+      const ordoRow = logged(ctx, {
+        label: 'ordo acquire + complete',
+        keys: keys.label,
+        load: measured.ordo.result(),
+        verified: await verifyOrdo(admin, ordoOps),
+      });
+      const rlfRow = logged(ctx, {
+        label: 'RateLimiterPostgres consume',
+        keys: keys.label,
+        load: measured.rlf.result(),
+        verified: await verifyRlf(admin, rlfOps),
+      });
+      rows.push(ordoRow, rlfRow);
+      goals.push([
+        'goal: ordo ≥ 1 × RateLimiterPostgres',
+        keys.label,
+        '',
+        '',
+        '',
+        '',
+        '',
+        ratioCell(ordoRow.load.opsPerSecond / rlfRow.load.opsPerSecond, 1),
+      ]);
+      await reset(admin);
+    }
+    await ordo.close();
+
+    const story = await storyTable(ctx, admin);
+    return [
+      {
+        title: `throttles — acquire + complete vs RateLimiterPostgres: ${ctx.seconds} s per scenario in ${ctx.rounds} alternating rounds, after ${ctx.warmupSeconds} s warm-up; ${CALLERS} callers, one pool of ${CALLERS}`,
+        columns: [
+          { header: 'scenario' },
+          { header: 'keys' },
+          { header: 'ops/s', align: 'right' },
+          { header: 'p50 ms', align: 'right' },
+          { header: 'p99 ms', align: 'right' },
+          { header: 'stmts/op', align: 'right' },
+          { header: 'verified' },
+          { header: 'ratio' },
+        ],
+        rows: [
+          ...rows.map((r) => [
+            r.label,
+            r.keys,
+            fmt.int(r.load.opsPerSecond),
+            fmt.ms(r.load.p50Ms),
+            fmt.ms(r.load.p99Ms),
+            fmt.fixed(r.load.statements / Math.max(1, r.load.total), 2),
+            r.verified.text,
+            '',
+          ]),
+          null,
+          ...goals,
+        ],
+        failures: rows.filter((r) => !r.verified.ok).map((r) => `${r.label} · ${r.keys}: ${r.verified.text}`),
+        notes: [
+          'ordo: one op = acquire() a permit (a decision on the database clock, a lease, a row per permit) and complete() it',
+          "  (its outcome, folded into the key's state by the next decision). Standalone calls queued while statements are",
+          '  in flight share the next statement (throttle_batch: completions, then decisions): on a hot key one lock and one',
+          '  commit serve a whole batch. RateLimiterPostgres: one op = consume(key), one INSERT … ON CONFLICT DO UPDATE (fixed window,',
+          '  on the Node clock; no lease, no outcome).',
+          'verified: ordo — the starts counted by the database equal the permits acquired, and none is left running;',
+          '  RateLimiterPostgres — the points stored equal the consume() calls.',
+        ],
+      },
+      story,
+    ];
+  } finally {
+    await admin.end();
+    await pool.end();
+  }
+}
+
+function logged(ctx: BenchContext, r: Row): Row {
+  ctx.log(
+    `throttles ${r.label} · ${r.keys}: ${fmt.int(r.load.opsPerSecond)} ops/s, p99 ${fmt.ms(r.load.p99Ms)} ms, ${r.verified.text}`,
+  );
+  return r;
+}
+
+async function verifyOrdo(admin: pg.Pool, acquired: number): Promise<Verified> {
+  const { rows } = await admin.query(
+    `SELECT (SELECT coalesce(sum(starts), 0) FROM ordo.throttle_state WHERE name = $1) AS starts,
+            (SELECT count(*) FROM ordo.permits WHERE name = $1 AND ended_at IS NULL) AS running`,
+    [THROTTLE],
+  );
+  const starts = Number(rows[0].starts);
+  const running = Number(rows[0].running);
+  const ok = starts === acquired && running === 0 && acquired > 0;
+  return {
+    ok,
+    text: ok
+      ? `✓ ${fmt.int(starts)} starts, 0 running`
+      : `✗ ${fmt.int(starts)} starts for ${fmt.int(acquired)} permits, ${running} running`,
+  };
+}
+
+async function verifyRlf(admin: pg.Pool, consumed: number): Promise<Verified> {
+  const { rows } = await admin.query(`SELECT coalesce(sum(points), 0) AS points FROM ${RLF_TABLE}`);
+  const points = Number(rows[0].points);
+  const ok = points === consumed && consumed > 0;
+  return {
+    ok,
+    text: ok ? `✓ ${fmt.int(points)} points` : `✗ ${fmt.int(points)} points for ${fmt.int(consumed)} calls`,
+  };
+}
+
+async function reset(admin: pg.Pool): Promise<void> {
+  await admin.query(`DELETE FROM ${RLF_TABLE}`);
+  await admin.query('DELETE FROM ordo.permits WHERE name = $1', [THROTTLE]);
+  await admin.query('DELETE FROM ordo.throttle_state WHERE name = $1', [THROTTLE]);
+  await admin.query(`VACUUM ordo.permits, ordo.throttle_state, ${RLF_TABLE}`);
+}
+
+// ─── the FOO story ───────────────────────────────────────────────────────────────────────
+
+const EVERY_MS = 200;
+const WORKERS = 50;
+const INSTANCES = 5;
+/** Ten queued tasks; three last longer than the interval. */
+const TASKS = [20, 300, 20, 20, 350, 20, 20, 250, 20, 20];
+
+interface Start {
+  start: number;
+  end: number;
+  task: number | null;
+}
+
+/** Runs one approach until the ten tasks are done; every start with its database times. */
+type Approach = (claim: () => Promise<{ id: number; ms: number } | undefined>) => Promise<Start[]>;
+
+async function storyTable(ctx: BenchContext, admin: pg.Pool): Promise<Table> {
+  await admin.query(`
+    CREATE TABLE bench_story_tasks (id integer PRIMARY KEY, duration_ms integer NOT NULL);
+    CREATE TABLE bench_task_keys (task text PRIMARY KEY, last_started timestamptz, running boolean NOT NULL DEFAULT false);`);
+  const pool = new pg.Pool({ connectionString: ctx.url, max: 20, application_name: 'ordo-bench-story' });
+  pool.on('error', () => undefined);
+  const instances: Ordo[] = [];
+  try {
+    for (let i = 0; i < INSTANCES; i++)
+      instances.push(await createOrdo({ databaseUrl: ctx.url, poolSize: 4 }));
+    await instances[0]!.throttles.define({
+      name: 'FOO',
+      every: `${EVERY_MS}ms`,
+      concurrency: 1,
+      lease: '1m',
+    });
+    const approaches: [string, Approach][] = [
+      ['naive: SELECT, then UPDATE if allowed', naive(pool)],
+      ['conditional UPDATE … WHERE last < now() − interval', conditional(pool)],
+      ['ordo acquire / complete (every + concurrency 1)', ordoStory(instances)],
+    ];
+    const rows: string[][] = [];
+    const failures: string[] = [];
+    for (const [label, approach] of approaches) {
+      ctx.signal.throwIfAborted();
+      await admin.query('TRUNCATE bench_story_tasks, bench_task_keys');
+      await admin.query(`INSERT INTO bench_task_keys (task) VALUES ('FOO')`);
+      await admin.query(
+        'INSERT INTO bench_story_tasks SELECT i, d FROM unnest($1::int[]) WITH ORDINALITY AS u(d, i)',
+        [TASKS],
+      );
+      const claim = async () => {
+        const { rows: claimed } = await pool.query(
+          `DELETE FROM bench_story_tasks WHERE id = (SELECT id FROM bench_story_tasks ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+           RETURNING id, duration_ms`,
+        );
+        return claimed[0] ? { id: claimed[0].id as number, ms: claimed[0].duration_ms as number } : undefined;
+      };
+      const t0 = performance.now();
+      const starts = await approach(claim);
+      const seconds = (performance.now() - t0) / 1000;
+      const v = violations(starts);
+      const tasks = starts.filter((s) => s.task !== null).length;
+      const isOrdo = label.startsWith('ordo');
+      if (isOrdo && (v.tooClose > 0 || v.overlapping > 0)) {
+        failures.push(
+          `${label}: ${v.tooClose} starts closer than ${EVERY_MS} ms, ${v.overlapping} running at once`,
+        );
+      }
+      if (tasks !== TASKS.length) failures.push(`${label}: ${tasks} of ${TASKS.length} tasks ran`);
+      ctx.log(
+        `throttles story · ${label}: ${starts.length} starts, ${v.tooClose} too close, ${v.overlapping} overlapping`,
+      );
+      rows.push([
+        label,
+        String(starts.length),
+        `${tasks}/${TASKS.length}`,
+        String(v.tooClose),
+        String(v.overlapping),
+        fmt.fixed(seconds, 1),
+        isOrdo
+          ? v.tooClose + v.overlapping === 0
+            ? '✓ none'
+            : '✗'
+          : v.tooClose + v.overlapping > 0
+            ? 'violates (expected)'
+            : '— none this run',
+      ]);
+    }
+    return {
+      title: `throttles — the FOO story: ${WORKERS} workers (${INSTANCES} ordo instances for ordo) released at once on "FOO every ${EVERY_MS} ms, one at a time", ${TASKS.length} queued tasks of ${TASKS.join('/')} ms`,
+      columns: [
+        { header: 'approach' },
+        { header: 'starts', align: 'right' },
+        { header: 'tasks', align: 'right' },
+        { header: `< ${EVERY_MS} ms apart`, align: 'right' },
+        { header: 'two running', align: 'right' },
+        { header: 's', align: 'right' },
+        { header: 'violations' },
+      ],
+      rows,
+      failures,
+      notes: [
+        'A start is counted from the database times each approach records (its UPDATE / acquire, and the end of its task).',
+        '"< interval apart": consecutive starts closer than the interval; "two running": a start before the previous task ended.',
+        'naive: each worker reads last_started and running, and when allowed writes them: two workers read before either writes.',
+        'conditional UPDATE: one start per interval is enforced, but a task longer than the interval overlaps the next one.',
+      ],
+    };
+  } finally {
+    await Promise.all(instances.map((o) => o.close()));
+    await pool.end();
+  }
+}
+
+function violations(starts: Start[]): { tooClose: number; overlapping: number } {
+  const sorted = [...starts].sort((a, b) => a.start - b.start);
+  let tooClose = 0;
+  let overlapping = 0;
+  for (let i = 1; i < sorted.length; i++) {
+    if (sorted[i]!.start - sorted[i - 1]!.start < EVERY_MS) tooClose++;
+    // Any earlier task still running at this start.
+    if (sorted.slice(0, i).some((s) => s.end > sorted[i]!.start)) overlapping++;
+  }
+  return { tooClose, overlapping };
+}
+
+/** Workers loop until every task has run; each returns its starts. */
+async function workers(loop: (starts: Start[], allDone: () => boolean) => Promise<void>): Promise<Start[]> {
+  const starts: Start[] = [];
+  const allDone = () => starts.filter((s) => s.task !== null).length >= TASKS.length;
+  await Promise.all(Array.from({ length: WORKERS }, () => loop(starts, allDone)));
+  return starts;
+}
+
+const time = (d: Date) => d.getTime();
+
+function naive(pool: pg.Pool): Approach {
+  return (claim) =>
+    workers(async (starts, allDone) => {
+      while (!allDone()) {
+        const { rows } = await pool.query(
+          `SELECT last_started, running, clock_timestamp() AS now FROM bench_task_keys WHERE task = 'FOO'`,
+        );
+        const {
+          last_started: last,
+          running,
+          now,
+        } = rows[0] as { last_started: Date | null; running: boolean; now: Date };
+        if (running || (last && time(now) - time(last) < EVERY_MS)) {
+          await sleep(running ? 10 : Math.max(1, time(last!) + EVERY_MS - time(now)));
+          continue;
+        }
+        const started = await pool.query(
+          `UPDATE bench_task_keys SET last_started = clock_timestamp(), running = true WHERE task = 'FOO' RETURNING last_started`,
+        );
+        const task = await claim();
+        if (task) await sleep(task.ms);
+        const ended = await pool.query(
+          `UPDATE bench_task_keys SET running = false WHERE task = 'FOO' RETURNING clock_timestamp() AS ended`,
+        );
+        starts.push({
+          start: time(started.rows[0].last_started),
+          end: time(ended.rows[0].ended),
+          task: task?.id ?? null,
+        });
+      }
+    });
+}
+
+function conditional(pool: pg.Pool): Approach {
+  return (claim) =>
+    workers(async (starts, allDone) => {
+      while (!allDone()) {
+        const { rows } = await pool.query(
+          `UPDATE bench_task_keys SET last_started = clock_timestamp()
+            WHERE task = 'FOO' AND (last_started IS NULL OR last_started <= clock_timestamp() - $1 * interval '1 millisecond')
+           RETURNING last_started`,
+          [EVERY_MS],
+        );
+        if (!rows[0]) {
+          await sleep(20);
+          continue;
+        }
+        const task = await claim();
+        if (task) await sleep(task.ms);
+        const ended = await pool.query('SELECT clock_timestamp() AS ended');
+        starts.push({
+          start: time(rows[0].last_started),
+          end: time(ended.rows[0].ended),
+          task: task?.id ?? null,
+        });
+      }
+    });
+}
+
+function ordoStory(instances: Ordo[]): Approach {
+  let next = 0;
+  return (claim) =>
+    workers(async (starts, allDone) => {
+      const ordo = instances[next++ % instances.length]!;
+      while (!allDone()) {
+        const got = await ordo.throttles.acquire('FOO');
+        if (!got.granted) {
+          await sleep(got.retryAfterMs);
+          continue;
+        }
+        const task = await claim();
+        if (task) await sleep(task.ms);
+        const end = await got.complete();
+        starts.push({ start: time(got.acquiredAt), end: time(end.endedAt), task: task?.id ?? null });
+      }
+    });
+}
+
+export const throttles: Suite = { name: 'throttles', run };

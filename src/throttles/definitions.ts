@@ -1,0 +1,133 @@
+import { parseDuration } from '../durations.js';
+import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
+
+/** The policy that refused a start: one start per interval, the token bucket, or the concurrency limit. */
+export type ThrottlePolicy = 'every' | 'rate' | 'concurrency';
+
+export interface DefineThrottleOptions {
+  name: string;
+  /** At most one start per this interval per key: '2s', '1m', '500ms', or milliseconds. */
+  every?: string | number;
+  /** Token bucket per key: bursts of `limit` starts, refilled at `limit` per `per` (GCRA). */
+  limit?: number;
+  /** The period `limit` refills over: '1s', '1m', or milliseconds. Goes with `limit`. */
+  per?: string | number;
+  /** At most this many live permits per key. */
+  concurrency?: number;
+  /** How long a permit lives unless completed, failed or extended (default '5m'). */
+  lease?: string | number;
+  /** What fail() does when not told: give the start (and token) back so a retry may start at once. Default false. */
+  refundOnFailure?: boolean;
+  /** Return the existing definition instead of failing with throttle_exists. */
+  ifNotExists?: boolean;
+  /** Replace an existing definition; each key's state and live permits are kept. */
+  overwrite?: boolean;
+}
+
+export interface ThrottleDefinition {
+  name: string;
+  everyMs: number | null;
+  limit: number | null;
+  perMs: number | null;
+  concurrency: number | null;
+  leaseMs: number;
+  refundOnFailure: boolean;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+export type ValidThrottle = Omit<ThrottleDefinition, 'createdAt' | 'updatedAt'> & {
+  mode: 'create' | 'if_not_exists' | 'overwrite';
+};
+
+/** Longest every, per and lease: one year (365 days). */
+export const MAX_DURATION_MS = 365 * 86_400_000;
+/** Largest limit and concurrency. */
+export const MAX_LIMIT = 1_000_000;
+export const DEFAULT_LEASE_MS = 5 * 60_000;
+
+const DEFINE_KEYS = [
+  'name',
+  'every',
+  'limit',
+  'per',
+  'concurrency',
+  'lease',
+  'refundOnFailure',
+  'ifNotExists',
+  'overwrite',
+] as const;
+
+/** Checks everything that can be checked without the database, before anything is written. */
+export function validateThrottle(input: DefineThrottleOptions): ValidThrottle {
+  const o = plainObject('throttle definition', input);
+  knownKeys('throttles.define', o, DEFINE_KEYS);
+  const name = identifier('name', o.name);
+  const ifNotExists = boolean('ifNotExists', o.ifNotExists ?? false);
+  const overwrite = boolean('overwrite', o.overwrite ?? false);
+  if (ifNotExists && overwrite) throw invalid('give ifNotExists or overwrite, not both');
+  const everyMs = o.every === undefined ? null : duration('every', o.every);
+  const limit = o.limit === undefined ? null : safeInteger('limit', o.limit, 1, MAX_LIMIT);
+  const perMs = o.per === undefined ? null : duration('per', o.per);
+  if ((limit === null) !== (perMs === null)) {
+    throw invalid(
+      limit === null
+        ? 'per needs limit: a token bucket is limit starts per period, such as { limit: 10, per: "1s" }'
+        : 'limit needs per: a token bucket is limit starts per period, such as { limit: 10, per: "1s" }',
+    );
+  }
+  const concurrency =
+    o.concurrency === undefined ? null : safeInteger('concurrency', o.concurrency, 1, MAX_LIMIT);
+  if (everyMs === null && limit === null && concurrency === null) {
+    throw invalid(
+      `the throttle '${name}' needs at least one policy: every (one start per interval), limit with per (a token bucket) or concurrency`,
+    );
+  }
+  return {
+    name,
+    everyMs,
+    limit,
+    perMs,
+    concurrency,
+    leaseMs: o.lease === undefined ? DEFAULT_LEASE_MS : duration('lease', o.lease),
+    refundOnFailure: boolean('refundOnFailure', o.refundOnFailure ?? false),
+    mode: overwrite ? 'overwrite' : ifNotExists ? 'if_not_exists' : 'create',
+  };
+}
+
+/** A positive duration: text such as '2s' or '1m30s', or whole milliseconds; at most a year. */
+export function duration(what: string, value: unknown): number {
+  const wrong = () =>
+    invalid(
+      `${what} must be a duration from 1ms to 365d, such as '2s', '1m' or '500ms', or a whole number of milliseconds (got ${describe(value)})`,
+    );
+  let ms: number;
+  if (typeof value === 'string') {
+    try {
+      ms = parseDuration(value);
+    } catch {
+      throw wrong();
+    }
+  } else if (typeof value === 'number' && Number.isSafeInteger(value)) {
+    ms = value;
+  } else {
+    throw wrong();
+  }
+  if (ms < 1 || ms > MAX_DURATION_MS) throw wrong();
+  return ms;
+}
+
+export function toThrottleDefinition(row: Record<string, any>): ThrottleDefinition {
+  const n = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+  return {
+    name: row.name,
+    everyMs: n(row.every_ms),
+    limit: n(row.rate_limit),
+    perMs: n(row.per_ms),
+    concurrency: n(row.concurrency),
+    leaseMs: Number(row.lease_ms),
+    refundOnFailure: row.refund_on_failure,
+    createdAt: new Date(row.created_at),
+    updatedAt: new Date(row.updated_at),
+  };
+}

@@ -1,0 +1,126 @@
+import type { Queryable } from '../db/queryable.js';
+import type { ThrottlePolicy } from './definitions.js';
+
+/** How a permit ended: by complete(), by fail(), or by its lease running out. */
+export type PermitOutcome = 'completed' | 'failed' | 'expired';
+
+/** What complete() and fail() answer. */
+export interface PermitEnd {
+  id: string;
+  name: string;
+  key: string;
+  outcome: 'completed' | 'failed';
+  /** The database's clock when the permit ended. */
+  endedAt: Date;
+  /** fail() only: whether the start (and token) is given back. */
+  refunded: boolean;
+}
+
+export interface PermitCallOptions {
+  /** Run the statement in this transaction. */
+  tx?: Queryable;
+}
+
+export interface FailOptions extends PermitCallOptions {
+  /** Give back what the permit consumed (its `every` start, its token), so a retry may start at once. Default: the throttle's refundOnFailure. */
+  refund?: boolean;
+}
+
+/** A refused acquire. */
+export interface Refusal {
+  granted: false;
+  /** Milliseconds until every rate policy would allow (rounded up: sleeping that long is enough). */
+  retryAfterMs: number;
+  /** The policy that waits longest. For 'concurrency', a poll hint (see README). */
+  reason: ThrottlePolicy;
+}
+
+/** What Permit's methods call; implemented by Throttles. */
+export interface PermitCalls {
+  complete(id: string, options?: PermitCallOptions): Promise<PermitEnd>;
+  fail(id: string, options?: FailOptions & { error?: unknown }): Promise<PermitEnd>;
+  extend(id: string, options?: PermitCallOptions): Promise<Date>;
+}
+
+/**
+ * A granted start. It counts against the throttle's concurrency until complete() or fail(),
+ * or until its lease runs out (expiresAt), which extend() pushes back.
+ */
+export class Permit {
+  readonly granted = true as const;
+  #expiresAt: Date;
+
+  /** @internal Use ordo.throttles.acquire(). */
+  constructor(
+    private readonly calls: PermitCalls,
+    readonly id: string,
+    readonly name: string,
+    readonly key: string,
+    readonly holder: string,
+    /** The database's clock at the grant. */
+    readonly acquiredAt: Date,
+    expiresAt: Date,
+  ) {
+    this.#expiresAt = expiresAt;
+  }
+
+  /** When the lease runs out unless extended (the database's clock). */
+  get expiresAt(): Date {
+    return this.#expiresAt;
+  }
+
+  /** Ends the permit as completed. */
+  complete(options?: PermitCallOptions): Promise<PermitEnd> {
+    return this.calls.complete(this.id, options);
+  }
+
+  /**
+   * Ends the permit as failed, recording `error` (an Error's message, or a text). With
+   * `refund` (default: the throttle's refundOnFailure) the start is given back.
+   */
+  fail(error?: unknown, options: FailOptions = {}): Promise<PermitEnd> {
+    return this.calls.fail(this.id, { ...options, error });
+  }
+
+  /** Renews the lease: expiresAt becomes the database's clock + the throttle's lease. */
+  async extend(options?: PermitCallOptions): Promise<Date> {
+    const until = await this.calls.extend(this.id, options);
+    if (until > this.#expiresAt) this.#expiresAt = until;
+    return until;
+  }
+
+  toJSON() {
+    return {
+      granted: true,
+      id: this.id,
+      name: this.name,
+      key: this.key,
+      holder: this.holder,
+      acquiredAt: this.acquiredAt,
+      expiresAt: this.#expiresAt,
+    };
+  }
+}
+
+export type AcquireResult = Permit | Refusal;
+
+/** The longest error text kept with a failed permit. */
+export const MAX_ERROR_LENGTH = 2000;
+
+/** The text recorded for a failure: an Error's name and message, a text as it is, anything else as JSON. */
+export function errorText(error: unknown): string | null {
+  if (error === undefined || error === null) return null;
+  let text: string;
+  if (error instanceof Error)
+    text = error.name && error.name !== 'Error' ? `${error.name}: ${error.message}` : error.message;
+  else if (typeof error === 'string') text = error;
+  else {
+    try {
+      text = JSON.stringify(error) ?? String(error);
+    } catch {
+      text = String(error);
+    }
+  }
+  // NUL cannot be stored in a PostgreSQL text.
+  return text.replaceAll('\u0000', '\uFFFD').slice(0, MAX_ERROR_LENGTH);
+}
