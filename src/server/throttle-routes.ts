@@ -49,10 +49,9 @@ const DEFINE_BODY = {
     overwrite: { type: 'boolean' },
   },
 } as const;
-const PERMIT = {
+const RUNNING = {
   type: 'object',
   properties: {
-    granted: { type: 'boolean' },
     id: { type: 'string' },
     name: { type: 'string' },
     key: { type: 'string' },
@@ -60,6 +59,10 @@ const PERMIT = {
     acquiredAt: DATE,
     expiresAt: DATE,
   },
+} as const;
+const PERMIT = {
+  type: 'object',
+  properties: { granted: { type: 'boolean' }, ...RUNNING.properties },
 } as const;
 const REFUSED = {
   type: 'object',
@@ -81,17 +84,6 @@ const ENDED = {
     outcome: { type: 'string', enum: ['completed', 'failed'] },
     endedAt: DATE,
     refunded: { type: 'boolean' },
-  },
-} as const;
-const RUNNING = {
-  type: 'object',
-  properties: {
-    id: { type: 'string' },
-    name: { type: 'string' },
-    key: { type: 'string' },
-    holder: { type: 'string' },
-    acquiredAt: DATE,
-    expiresAt: DATE,
   },
 } as const;
 const STATE = {
