@@ -9,13 +9,15 @@ import { batched } from './batched.js';
 import { gapless } from './gapless.js';
 import { type BenchContext, machine, renderTable, type Suite, settings } from './harness.js';
 import { http } from './http.js';
+import { outbox } from './outbox.js';
+import { throttles } from './throttles.js';
 
 /**
  * `npm run bench`: runs every suite against a scratch database and prints their tables.
  * The server is DATABASE_URL / ORDO_DATABASE_URL when set, else an embedded PostgreSQL in a
  * temporary directory; the scratch database (and the embedded server) are removed at the end.
  */
-const all: Suite[] = [gapless, batched, http];
+const all: Suite[] = [gapless, batched, http, outbox, throttles];
 /** `npm run bench -- batched http` runs only the suites named; no name runs them all. */
 const named = process.argv.slice(2);
 const unknown = named.filter((n) => !all.some((s) => s.name === n));

@@ -1267,6 +1267,31 @@ describe('wake-up', () => {
   });
 });
 
+describe('stop()', () => {
+  it('right after subscribe(): no batch is handled or checkpointed after stop() was called', async () => {
+    const { o } = await fresh();
+    await o.outbox.append('t', msgs(['a', 'b']));
+    for (let i = 0; i < 5; i++) {
+      let handled = 0;
+      const sub = await o.outbox.subscribe({
+        name: `quick-${i}`,
+        topic: 't',
+        handler: () => {
+          handled++;
+        },
+      });
+      expect(await sub.stop()).toEqual({ reason: 'stopped' });
+      const lag = await o.outbox.lag(`quick-${i}`);
+      expect({ handled, delivered: lag.delivered, owner: lag.owner }).toEqual({
+        handled: 0,
+        delivered: 0,
+        owner: null,
+      });
+    }
+    await close(o);
+  });
+});
+
 describe('removeSubscription', () => {
   it('ends the running consumer of the subscription at its next read, even when it is idle', async () => {
     const { o } = await fresh();

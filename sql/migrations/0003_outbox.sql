@@ -12,7 +12,9 @@
 CREATE TABLE {{schema}}.messages (
   position        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   transaction_id  xid8 NOT NULL DEFAULT pg_current_xact_id(),
-  topic           text NOT NULL CHECK (topic ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$'),
+  -- Written as a length test and an unbounded pattern: a bounded repetition such as {0,199}
+  -- costs PostgreSQL's regex engine about 12 µs a row, a fifth of an append's server time.
+  topic           text NOT NULL CHECK (length(topic) <= 200 AND topic ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$'),
   type            text NOT NULL CHECK (length(type) BETWEEN 1 AND 200),
   key             text CHECK (length(key) <= 200),
   message_id      text CHECK (length(message_id) BETWEEN 1 AND 200),
@@ -27,7 +29,7 @@ CREATE UNIQUE INDEX messages_message_id ON {{schema}}.messages (topic, message_i
   WHERE message_id IS NOT NULL;
 
 CREATE TABLE {{schema}}.subscriptions (
-  name                 text PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$'),
+  name                 text PRIMARY KEY CHECK (length(name) <= 200 AND name ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$'),
   topic                text NOT NULL,
   -- The cursor: the last message handled, as a (transaction, position) tuple.
   last_transaction_id  xid8 NOT NULL DEFAULT '0',

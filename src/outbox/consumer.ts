@@ -49,6 +49,10 @@ interface Cursor {
   pos: string;
 }
 
+/** Quick looks after a delivery (1, 2, 4 … 50 ms apart: about 160 ms in all). */
+const QUICK_POLLS = 8;
+const HELD_MAX_DELAY_MS = 50;
+
 type Step =
   | { kind: 'delivered' | 'idle' | 'held' | 'lost' }
   | { kind: 'failed'; retryInMs: number }
@@ -76,6 +80,8 @@ export class Consumer {
   private leased = false;
   private stopping = false;
   private heldDelayMs = 1;
+  /** Quick looks left after a delivery, for messages committed without a notification. */
+  private quickPolls = 0;
   private woken = false;
   private wakeUp: (() => void) | undefined;
   private heartbeat: NodeJS.Timeout | undefined;
@@ -116,6 +122,7 @@ export class Consumer {
           await this.sleep(Math.min(this.settings.pollMs, this.settings.leaseMs / 3));
           continue;
         }
+        if (this.stopping) break;
         const step = await this.step();
         failures = 0;
         if (step.kind === 'exhausted') {
@@ -123,12 +130,18 @@ export class Consumer {
           this.settings.onError?.(step.error);
           break;
         }
-        if (step.kind === 'held') {
+        if (step.kind === 'delivered') {
+          this.quickPolls = QUICK_POLLS;
+          this.heldDelayMs = 1;
+        } else if (step.kind === 'held' || (step.kind === 'idle' && this.quickPolls-- > 0)) {
           // Committed messages wait behind an older open transaction, whose end sends no
-          // notification: look again soon, then less often.
+          // notification; or a batch was just delivered, and a transaction that appended
+          // beside the one whose commit woke us may commit without notifying (one notifier
+          // per topic at a time). Look again soon, then less often, never more than 50 ms apart.
           await this.sleep(this.heldDelayMs);
-          this.heldDelayMs = Math.min(this.heldDelayMs * 2, this.settings.pollMs);
+          this.heldDelayMs = Math.min(this.heldDelayMs * 2, HELD_MAX_DELAY_MS, this.settings.pollMs);
         } else if (step.kind === 'idle') {
+          this.heldDelayMs = 1;
           await this.sleep(this.settings.pollMs);
         } else if (step.kind === 'failed') {
           await this.sleep(step.retryInMs);
@@ -167,6 +180,8 @@ export class Consumer {
     this.singleUntil = undefined;
     this.leased = true;
     this.abort = new AbortController();
+    // stop() may have come while the lease was being taken: it must still end this consumer.
+    if (this.stopping) this.abort.abort();
     clearInterval(this.heartbeat);
     this.heartbeat = setInterval(() => void this.renew(), this.settings.leaseMs / 3);
     this.heartbeat.unref();
@@ -240,11 +255,8 @@ export class Consumer {
           this.lostSubscription();
           return { kind: 'lost' };
         }
-        if (idle[0].pending) return { kind: 'held' };
-        this.heldDelayMs = 1;
-        return { kind: 'idle' };
+        return { kind: idle[0].pending ? 'held' : 'idle' };
       }
-      this.heldDelayMs = 1;
       const messages = rows.map(toMessage);
       const last = rows.at(-1)!;
       const to: Cursor = { tx: last.transaction_id, pos: String(last.position) };
