@@ -72,10 +72,17 @@ export function formatDuration(ms: number): string {
  * the one reader of such options, so every module words the error alike.
  */
 export function durationOption(what: string, value: unknown, min: number, max: number): number {
-  const ms = typeof value === 'string' ? parseDuration(value) : value;
+  let ms: unknown = value;
+  if (typeof value === 'string') {
+    try {
+      ms = parseDuration(value);
+    } catch {
+      ms = undefined;
+    }
+  }
   if (typeof ms !== 'number' || !Number.isSafeInteger(ms) || ms < min || ms > max) {
     throw invalid(
-      `${what} must be a duration from ${formatDuration(min)} to ${formatDuration(max)}, as milliseconds or text such as '30s' (got ${describe(value)})`,
+      `${what} must be a duration from ${formatDuration(min)} to ${formatDuration(max)}, such as '2s', '1m' or '500ms', or a whole number of milliseconds (got ${describe(value)})`,
     );
   }
   return ms;

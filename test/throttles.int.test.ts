@@ -121,7 +121,7 @@ describe('definitions', () => {
       [{ name: 'x', every: 0 }, /every must be a duration/],
       [{ name: 'x', every: -5 }, /every must be a duration/],
       [{ name: 'x', every: 1.5 }, /every must be a duration/],
-      [{ name: 'x', every: '400d' }, /every must be a duration from 1ms to 365d/],
+      [{ name: 'x', every: '400d' }, /every must be a duration from 1ms to 1y/],
       [{ name: 'x', every: '1s', lease: 'soon' }, /lease must be a duration/],
       [{ name: 'x', limit: 0, per: '1s' }, /limit must be a whole number from 1/],
       [{ name: 'x', limit: 2.5, per: '1s' }, /limit must be a whole number/],

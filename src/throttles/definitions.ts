@@ -1,5 +1,5 @@
-import { parseDuration } from '../durations.js';
-import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
+import { durationOption } from '../durations.js';
+import { boolean, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
 
 /** The policy that refused a start: one start per interval, the token bucket, or the concurrency limit. */
 export type ThrottlePolicy = 'every' | 'rate' | 'concurrency';
@@ -96,25 +96,8 @@ export function validateThrottle(input: DefineThrottleOptions): ValidThrottle {
 }
 
 /** A positive duration: text such as '2s' or '1m30s', or whole milliseconds; at most a year. */
-export function duration(what: string, value: unknown): number {
-  const wrong = () =>
-    invalid(
-      `${what} must be a duration from 1ms to 365d, such as '2s', '1m' or '500ms', or a whole number of milliseconds (got ${describe(value)})`,
-    );
-  let ms: number;
-  if (typeof value === 'string') {
-    try {
-      ms = parseDuration(value);
-    } catch {
-      throw wrong();
-    }
-  } else if (typeof value === 'number' && Number.isSafeInteger(value)) {
-    ms = value;
-  } else {
-    throw wrong();
-  }
-  if (ms < 1 || ms > MAX_DURATION_MS) throw wrong();
-  return ms;
+function duration(what: string, value: unknown): number {
+  return durationOption(what, value, 1, MAX_DURATION_MS);
 }
 
 export function toThrottleDefinition(row: Record<string, any>): ThrottleDefinition {
