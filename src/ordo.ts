@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
+import { guardClient } from './db/clients.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate } from './db/migrations.js';
 import { closedError, toOrdoError } from './errors.js';
@@ -68,12 +69,7 @@ export class Ordo {
       throw toOrdoError(e);
     });
     let broken = false;
-    // pg-pool stops listening to a client it hands out: a connection cut while `fn` runs
-    // would otherwise be an uncaught 'error'. The next query fails and says so.
-    const onError = () => {
-      broken = true;
-    };
-    client.on('error', onError);
+    const guard = guardClient(client);
     try {
       await client.query('BEGIN');
       const result = await fn(client);
@@ -85,8 +81,7 @@ export class Ordo {
       });
       throw e;
     } finally {
-      client.off('error', onError);
-      client.release(broken);
+      guard.release(broken);
     }
   }
 

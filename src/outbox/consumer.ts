@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import type pg from 'pg';
+import { guardClient } from '../db/clients.js';
 import { OrdoError, toOrdoError } from '../errors.js';
 import { type OutboxMessage, toMessage } from './messages.js';
 import type { OutboxPlans } from './plans.js';
@@ -226,12 +227,7 @@ export class Consumer {
     const limit = this.singleUntil ? 1 : this.settings.batchSize;
     const client = await this.pool.connect();
     let broken = false;
-    // pg-pool stops listening to a client it hands out: a connection cut while the handler
-    // runs would otherwise be an uncaught 'error'. Its next query fails and says so.
-    const onError = () => {
-      broken = true;
-    };
-    client.on('error', onError);
+    const guard = guardClient(client);
     try {
       await client.query('BEGIN');
       // Anything committed from here on is seen by the read below or wakes the next wait.
@@ -296,8 +292,7 @@ export class Consumer {
       broken = true;
       throw e;
     } finally {
-      client.off('error', onError);
-      client.release(broken);
+      guard.release(broken);
     }
   }
 
