@@ -346,6 +346,7 @@ export class Consumer {
       this.owner,
       cursor.tx,
       cursor.pos,
+      message.transactionId,
       message.position,
       reason,
     ]);

@@ -25,7 +25,7 @@ export function outboxPlans(schema: string) {
     release: `SELECT ${s}.release_subscription($1, $2) AS released`,
     checkpoint: `SELECT ${s}.checkpoint($1, $2, $3::xid8, $4, $5::xid8, $6, $7, $8) AS moved`,
     recordFailure: `SELECT ${s}.record_failure($1, $2, $3::xid8, $4, $5, $6) AS attempts`,
-    park: `SELECT ${s}.park_message($1, $2, $3::xid8, $4, $5, $6) AS parked`,
+    park: `SELECT ${s}.park_message($1, $2, $3::xid8, $4, $5::xid8, $6, $7) AS parked`,
     lag: `SELECT name, topic, owner, lease_until, last_transaction_id::text, last_position, attempts, last_error,
         delivered, checkpointed_at, messages_behind, oldest_created_at, waiting, blocker_pid, blocker_xid_age,
         blocker_xact_start, blocker_state, blocker_application_name, blocker_prepared_gid, now
