@@ -4,7 +4,7 @@ import { Listener } from '../db/listener.js';
 import { clientLike } from '../db/clients.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
 import { durationOption } from '../durations.js';
-import { OrdoError, toOrdoError } from '../errors.js';
+import { OrdoError } from '../errors.js';
 import { invalid, knownKeys, oneOf, plainObject, safeInteger } from '../validate.js';
 import { Consumer, type Handler, type SubscriptionEnd } from './consumer.js';
 import { toLag, type SubscriptionLag } from './lag.js';
@@ -234,11 +234,7 @@ export class Outbox {
   }
 
   private run(text: string, values: unknown[], on: Queryable = this.pool): Promise<{ rows: any[] }> {
-    return this.inFlight.track(
-      on.query(text, values).catch((e: unknown) => {
-        throw toOrdoError(e, text);
-      }),
-    );
+    return this.inFlight.query(on, text, values);
   }
 
   private listen(): void {

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
-import { OrdoError, sequenceNotFound, toOrdoError } from '../errors.js';
+import { OrdoError, sequenceNotFound } from '../errors.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
 import { BatchedRegistry } from './batched-registry.js';
 import { Coalescer, type Issued, type Request } from './coalescer.js';
@@ -277,15 +277,7 @@ export class Sequences {
 
   /** Every statement goes through here: errors become OrdoErrors, and close() waits for it. */
   private run(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
-    return this.inFlight.track(
-      (async () => {
-        try {
-          return await db.query(text, values);
-        } catch (e) {
-          throw toOrdoError(e, text);
-        }
-      })(),
-    );
+    return this.inFlight.query(db, text, values);
   }
 }
 

@@ -14,7 +14,7 @@ import { MAX_VALUE } from '../validate.js';
 import { authenticate, type Scope, type Token } from './auth.js';
 import { createMetrics } from './metrics.js';
 import { outboxRoutes } from './outbox-routes.js';
-import { ERROR } from './schemas.js';
+import { ERROR, IF_EXISTS_QUERY, NAME } from './schemas.js';
 import { throttleRoutes } from './throttle-routes.js';
 
 export interface ServerOptions {
@@ -33,7 +33,6 @@ declare module 'fastify' {
   }
 }
 
-const NAME = { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]{0,62}$' } as const;
 const INTEGER = { type: 'integer', minimum: -MAX_VALUE, maximum: MAX_VALUE } as const;
 const DEFINITION = {
   type: 'object',
@@ -278,11 +277,7 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
       config: { scope: 'admin' },
       schema: {
         params: { type: 'object', properties: { name: NAME } },
-        querystring: {
-          type: 'object',
-          additionalProperties: false,
-          properties: { ifExists: { type: 'string', enum: ['true', 'false'] } },
-        },
+        querystring: IF_EXISTS_QUERY,
         response: { ...errors, 200: { type: 'object', properties: { removed: { type: 'boolean' } } } },
       },
     },

@@ -6,3 +6,13 @@ export const ERROR = {
   properties: { code: { type: 'string' }, message: { type: 'string' } },
   required: ['code', 'message'],
 } as const;
+
+/** Names of sequences and throttles: identifiers, as the library checks them. */
+export const NAME = { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]{0,62}$' } as const;
+
+/** `DELETE …?ifExists=true`: no error when there was nothing to remove. */
+export const IF_EXISTS_QUERY = {
+  type: 'object',
+  additionalProperties: false,
+  properties: { ifExists: { type: 'string', enum: ['true', 'false'] } },
+} as const;

@@ -3,9 +3,8 @@ import type { Ordo } from '../ordo.js';
 import { MAX_DURATION_MS, MAX_LIMIT } from '../throttles/definitions.js';
 import { MAX_ERROR_LENGTH, type PermitEnd } from '../throttles/permit.js';
 import { throttleNotFound } from '../throttles/throttles.js';
-import { ERROR } from './schemas.js';
+import { ERROR, IF_EXISTS_QUERY, NAME } from './schemas.js';
 
-const NAME = { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]{0,62}$' } as const;
 const PERMIT_ID = {
   type: 'string',
   pattern: '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$',
@@ -157,11 +156,7 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
       config: { scope: 'admin' },
       schema: {
         params: byName,
-        querystring: {
-          type: 'object',
-          additionalProperties: false,
-          properties: { ifExists: { type: 'string', enum: ['true', 'false'] } },
-        },
+        querystring: IF_EXISTS_QUERY,
         response: { ...errors, 200: { type: 'object', properties: { removed: { type: 'boolean' } } } },
       },
     },

@@ -424,15 +424,7 @@ export class Throttles {
 
   /** Every statement goes through here: errors become OrdoErrors, and close() waits for it. */
   private query(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
-    return this.inFlight.track(
-      (async () => {
-        try {
-          return await db.query(text, values);
-        } catch (e) {
-          throw toOrdoError(e, text);
-        }
-      })(),
-    );
+    return this.inFlight.query(db, text, values);
   }
 
   /**
