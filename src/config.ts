@@ -22,7 +22,28 @@ export interface OrdoOptions {
   migrate?: boolean;
   /** Connections in the pool ordo creates (default 10). */
   poolSize?: number;
+  /**
+   * A direct PostgreSQL URL for the one LISTEN connection, when `databaseUrl` goes through a
+   * pooler in transaction mode (PgBouncer, Supabase, Neon), where notifications are lost.
+   * Default `ORDO_LISTEN_URL`; without it, LISTEN takes the same route as every query.
+   */
+  listenUrl?: string;
+  /** Where ordo reports what it notices (lost notifications); default: warnings go to process.emitWarning. */
+  log?: Log;
 }
+
+export interface LogEntry {
+  level: 'info' | 'warn';
+  /** Stable, for warnings a program may react to (`notifications_lost`). */
+  code?: string;
+  message: string;
+}
+
+export type Log = (entry: LogEntry) => void;
+
+const defaultLog: Log = (entry) => {
+  if (entry.level === 'warn') process.emitWarning(entry.message, { type: 'OrdoWarning', code: entry.code });
+};
 
 export type DatabaseSource =
   { kind: 'url'; url: string } | { kind: 'pool'; pool: pg.Pool } | { kind: 'embedded'; dataDir: string };
@@ -33,9 +54,21 @@ export interface Config {
   nodeId: string;
   migrate: boolean;
   poolSize: number;
+  listenUrl: string | undefined;
+  log: Log;
 }
 
-const OPTION_KEYS = ['databaseUrl', 'pool', 'schema', 'nodeId', 'embedded', 'migrate', 'poolSize'] as const;
+const OPTION_KEYS = [
+  'databaseUrl',
+  'pool',
+  'schema',
+  'nodeId',
+  'embedded',
+  'migrate',
+  'poolSize',
+  'listenUrl',
+  'log',
+] as const;
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** Validates createOrdo's options once, with messages that say what to change. */
@@ -49,7 +82,20 @@ export function resolveConfig(options: OrdoOptions = {}, env: NodeJS.ProcessEnv 
   }
   const migrate = boolean('migrate', options.migrate ?? true);
   const poolSize = safeInteger('poolSize', options.poolSize ?? 10, 1, 1000);
-  return { source: resolveSource(options, env), schema, nodeId: nodeId.toLowerCase(), migrate, poolSize };
+  const listenUrl = options.listenUrl ?? (env.ORDO_LISTEN_URL || undefined);
+  if (listenUrl !== undefined) postgresUrl('listenUrl', listenUrl);
+  if (options.log !== undefined && typeof options.log !== 'function') {
+    throw invalid('log must be a function ({ level, code, message }) => void');
+  }
+  return {
+    source: resolveSource(options, env),
+    schema,
+    nodeId: nodeId.toLowerCase(),
+    migrate,
+    poolSize,
+    listenUrl,
+    log: options.log ?? defaultLog,
+  };
 }
 
 function resolveSource(options: OrdoOptions, env: NodeJS.ProcessEnv): DatabaseSource {
@@ -78,11 +124,15 @@ function resolveSource(options: OrdoOptions, env: NodeJS.ProcessEnv): DatabaseSo
       'no database given: pass databaseUrl, pool or embedded: true, or set ORDO_DATABASE_URL or DATABASE_URL',
     );
   }
+  return { kind: 'url', url: postgresUrl('databaseUrl', url) };
+}
+
+function postgresUrl(option: string, url: unknown): string {
   if (typeof url !== 'string' || !/^postgres(ql)?:\/\//.test(url)) {
     // The value is not echoed: a URL may carry a password.
-    throw invalid('databaseUrl must be a postgres:// or postgresql:// URL');
+    throw invalid(`${option} must be a postgres:// or postgresql:// URL`);
   }
-  return { kind: 'url', url };
+  return url;
 }
 
 /** ORDO_DATABASE_URL, then DATABASE_URL; an empty variable counts as unset. */

@@ -1,9 +1,10 @@
 import pg from 'pg';
 import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
-import { guardClient } from './db/clients.js';
+import { clientLike, guardClient } from './db/clients.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate } from './db/migrations.js';
+import { Notifications, type NotificationStatus } from './db/notifications.js';
 import { closedError, toOrdoError } from './errors.js';
 import { Outbox } from './outbox/outbox.js';
 import { outboxPlans } from './outbox/plans.js';
@@ -22,6 +23,7 @@ export class Ordo {
   private closing: Promise<void> | undefined;
   private closed = false;
   private readonly inFlight = new InFlight();
+  private readonly listener: Notifications;
 
   /** @internal Use createOrdo(). */
   constructor(
@@ -32,6 +34,16 @@ export class Ordo {
   ) {
     this.schema = config.schema;
     this.nodeId = config.nodeId;
+    const { listenUrl } = config;
+    this.listener = new Notifications(
+      () =>
+        listenUrl === undefined
+          ? clientLike(pool)
+          : new pg.Client({ connectionString: listenUrl, application_name: 'ordo listen' }),
+      (channel, payload) => pool.query('SELECT pg_notify($1, $2)', [channel, payload]),
+      listenUrl === undefined ? 'database' : 'listenUrl',
+      config.log,
+    );
     this.sequences = new Sequences(
       pool,
       sequencePlans(config.schema),
@@ -39,12 +51,14 @@ export class Ordo {
       this.inFlight,
       config.nodeId,
       () => this.closing !== undefined,
+      this.listener,
     );
     this.outbox = new Outbox(
       pool,
       outboxPlans(config.schema),
       (withTx) => this.ensureOpen(withTx),
       this.inFlight,
+      this.listener,
     );
     this.throttles = new Throttles(
       pool,
@@ -85,6 +99,16 @@ export class Ordo {
     }
   }
 
+  /**
+   * Whether notifications reach this client: LISTEN wakes outbox consumers and tells nodes of
+   * redefinitions. Behind a pooler in transaction mode they are lost: ordo then polls often and
+   * this says so (give `listenUrl` a direct route). Waits for the first probe's answer.
+   */
+  notifications(): Promise<NotificationStatus> {
+    this.ensureOpen();
+    return this.listener.status();
+  }
+
   /** The next value of a sequence, as a number. */
   async nextval(name: string, options?: NextOptions): Promise<number> {
     // Batched values already in memory: no validation, lookup or I/O beyond a map read.
@@ -119,6 +143,7 @@ export class Ordo {
       await this.inFlight.idle();
       await this.sequences.close();
       await this.throttles.close();
+      await this.listener.stop();
       this.closed = true;
       if (this.ownsPool) await this.pool.end();
       await this.embedded?.stop();

@@ -92,6 +92,8 @@ export class Consumer {
     private readonly pool: pg.Pool,
     private readonly plans: OutboxPlans,
     private readonly settings: ConsumerSettings,
+    /** The wait between reads when nothing wakes the consumer: shortened while notifications are lost. */
+    private readonly pollInterval: (ms: number) => number,
   ) {
     this.done = this.loop();
   }
@@ -120,7 +122,7 @@ export class Consumer {
     while (!this.stopping) {
       try {
         if (!this.leased && !(await this.takeLease())) {
-          await this.sleep(Math.min(this.settings.pollMs, this.settings.leaseMs / 3));
+          await this.sleep(Math.min(this.pollInterval(this.settings.pollMs), this.settings.leaseMs / 3));
           continue;
         }
         if (this.stopping) break;
@@ -143,7 +145,7 @@ export class Consumer {
           this.heldDelayMs = Math.min(this.heldDelayMs * 2, HELD_MAX_DELAY_MS, this.settings.pollMs);
         } else if (step.kind === 'idle') {
           this.heldDelayMs = 1;
-          await this.sleep(this.settings.pollMs);
+          await this.sleep(this.pollInterval(this.settings.pollMs));
         } else if (step.kind === 'failed') {
           await this.sleep(step.retryInMs);
         }

@@ -1,7 +1,6 @@
 import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
-import { Listener } from '../db/listener.js';
-import { clientLike } from '../db/clients.js';
+import type { Notifications } from '../db/notifications.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
 import { durationOption } from '../durations.js';
 import { OrdoError } from '../errors.js';
@@ -83,7 +82,7 @@ const DAY_MS = 86_400_000;
 /** The transactional outbox: append in the business transaction, consume without skipping. */
 export class Outbox {
   private readonly consumers = new Set<Consumer>();
-  private listener: Listener | undefined;
+  private unlisten: (() => void) | undefined;
 
   /** @internal */
   constructor(
@@ -91,6 +90,7 @@ export class Outbox {
     private readonly plans: OutboxPlans,
     private readonly ensureOpen: (withTx?: boolean) => void,
     private readonly inFlight: InFlight,
+    private readonly notifications: Notifications,
   ) {}
 
   /**
@@ -149,7 +149,9 @@ export class Outbox {
     await this.run(this.plans.create, [name, topic, from]);
     this.ensureOpen();
     this.listen();
-    const consumer = new Consumer(this.pool, this.plans, settings);
+    const consumer = new Consumer(this.pool, this.plans, settings, (ms) =>
+      this.notifications.pollInterval(ms),
+    );
     this.consumers.add(consumer);
     void consumer.done.then(() => this.consumers.delete(consumer));
     return {
@@ -230,7 +232,7 @@ export class Outbox {
   /** Stops every consumer of this client; each gives its lease up. */
   async close(): Promise<void> {
     await Promise.all([...this.consumers].map((c) => c.stop()));
-    await this.listener?.stop();
+    this.unlisten?.();
   }
 
   private run(text: string, values: unknown[], on: Queryable = this.pool): Promise<{ rows: any[] }> {
@@ -238,17 +240,13 @@ export class Outbox {
   }
 
   private listen(): void {
-    if (this.listener) return;
-    this.listener = new Listener(
-      () => clientLike(this.pool),
-      this.plans.channel,
-      (topic) => {
+    this.unlisten ??= this.notifications.on(this.plans.channel, {
+      message: (topic) => {
         for (const c of this.consumers) if (c.topic === topic) c.notify();
       },
-      () => {
+      reset: () => {
         for (const c of this.consumers) c.notify();
       },
-    );
-    this.listener.start();
+    });
   }
 }

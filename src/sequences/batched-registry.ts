@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { clientLike } from '../db/clients.js';
-import { Listener } from '../db/listener.js';
+import type { Notifications } from '../db/notifications.js';
 import type { Queryable } from '../db/queryable.js';
 import { Allocator, type Reservation } from './batched.js';
 import type { SequenceDefinition } from './definitions.js';
@@ -22,7 +22,7 @@ const COLLECT_EVERY_MS = 3_600_000;
  */
 export class BatchedRegistry {
   private readonly allocators = new Map<string, Allocator>();
-  private listener: Listener | undefined;
+  private unlisten: (() => void) | undefined;
   private checker: NodeJS.Timeout | undefined;
   private lastCollect = 0;
   /**
@@ -43,6 +43,7 @@ export class BatchedRegistry {
     private readonly run: Run,
     private readonly isClosed: () => boolean,
     private readonly onChange: (name: string) => void,
+    private readonly notifications: Notifications,
   ) {}
 
   get(name: string): Allocator | undefined {
@@ -70,9 +71,10 @@ export class BatchedRegistry {
   }
 
   async close(): Promise<void> {
-    clearInterval(this.checker);
+    clearTimeout(this.checker);
+    this.checker = undefined;
     for (const name of [...this.allocators.keys()]) this.forget(name);
-    await this.listener?.stop();
+    this.unlisten?.();
     await this.connecting;
     await this.reserver?.end().catch(() => undefined);
     this.reserver = undefined;
@@ -126,21 +128,27 @@ export class BatchedRegistry {
   }
 
   private watch(): void {
-    if (!this.listener) {
-      this.listener = new Listener(
-        () => this.newClient(),
-        this.plans.channel,
-        (name) => this.onChange(name),
-        () => {
-          for (const name of [...this.allocators.keys()]) this.onChange(name);
-        },
-      );
-      this.listener.start();
-    }
-    if (!this.checker) {
-      this.checker = setInterval(() => void this.checkEpochs().catch(() => undefined), EPOCH_CHECK_MS);
-      this.checker.unref();
-    }
+    this.unlisten ??= this.notifications.on(this.plans.channel, {
+      message: (name) => this.onChange(name),
+      reset: () => {
+        for (const name of [...this.allocators.keys()]) this.onChange(name);
+      },
+    });
+    this.scheduleCheck();
+  }
+
+  /** The next epoch check; sooner while notifications are known not to arrive. */
+  private scheduleCheck(): void {
+    if (this.checker || this.isClosed()) return;
+    this.checker = setTimeout(() => {
+      void this.checkEpochs()
+        .catch(() => undefined)
+        .finally(() => {
+          this.checker = undefined;
+          if (this.allocators.size > 0) this.scheduleCheck();
+        });
+    }, this.notifications.pollInterval(EPOCH_CHECK_MS));
+    this.checker.unref();
   }
 
   private async checkEpochs(): Promise<void> {

@@ -3,6 +3,7 @@ import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
 import { OrdoError, sequenceNotFound } from '../errors.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
+import type { Notifications } from '../db/notifications.js';
 import { BatchedRegistry } from './batched-registry.js';
 import { Coalescer, type Issued, type Request } from './coalescer.js';
 import {
@@ -64,6 +65,7 @@ export class Sequences {
     private readonly inFlight: InFlight,
     nodeId: string,
     isClosed: () => boolean,
+    notifications: Notifications,
   ) {
     this.batched = new BatchedRegistry(
       pool,
@@ -72,6 +74,7 @@ export class Sequences {
       (db, text, values) => this.run(db, text, values),
       isClosed,
       (name) => this.forget(name),
+      notifications,
     );
     // A couple of batches in flight keep the pool busy without splitting callers needlessly.
     const poolSize = (pool as { options?: { max?: number } }).options?.max ?? 10;
