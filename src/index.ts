@@ -1,7 +1,8 @@
-export type { EmbeddedOptions, OrdoOptions } from './config.js';
+export type { EmbeddedOptions, Log, LogEntry, OrdoOptions } from './config.js';
+export type { NotificationState, NotificationStatus } from './db/notifications.js';
 export type { Queryable } from './db/queryable.js';
 export { ERROR_CODES, OrdoError, type OrdoErrorCode } from './errors.js';
-export { createOrdo, Ordo } from './ordo.js';
+export { createOrdo, type DatabaseInfo, Ordo } from './ordo.js';
 export type { Handler, HandlerContext, SubscriptionEnd } from './outbox/consumer.js';
 export type { Blocker, SubscriptionLag } from './outbox/lag.js';
 export { type Appended, MAX_APPEND, type MessageInput, type OutboxMessage } from './outbox/messages.js';
