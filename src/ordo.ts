@@ -13,6 +13,21 @@ import { sequencePlans } from './sequences/plans.js';
 import { type NextOptions, Sequences } from './sequences/sequences.js';
 import { Throttles } from './throttles/throttles.js';
 
+/** Which database a client uses; never its password. */
+export type DatabaseInfo =
+  | {
+      kind: 'embedded';
+      dataDir: string;
+      host: string;
+      port: number;
+      /** This start initialised the data directory. */
+      created: boolean;
+      /** A server left running by a killed process was reused. */
+      adopted: boolean;
+    }
+  | { kind: 'url'; host: string; port: number; database: string; user: string }
+  | { kind: 'pool' };
+
 /** The ordo client: owns the pool (unless given one) and wires the modules to it. */
 export class Ordo {
   readonly sequences: Sequences;
@@ -20,10 +35,13 @@ export class Ordo {
   readonly outbox: Outbox;
   readonly schema: string;
   readonly nodeId: string;
+  /** Which database this client uses (embedded: where and on which port). */
+  readonly database: DatabaseInfo;
   private closing: Promise<void> | undefined;
   private closed = false;
   private readonly inFlight = new InFlight();
   private readonly listener: Notifications;
+  private readonly givenUrl: string | undefined;
 
   /** @internal Use createOrdo(). */
   constructor(
@@ -32,8 +50,10 @@ export class Ordo {
     private readonly ownsPool: boolean,
     private readonly embedded: EmbeddedServer | undefined,
   ) {
+    this.givenUrl = config.source.kind === 'url' ? config.source.url : undefined;
     this.schema = config.schema;
     this.nodeId = config.nodeId;
+    this.database = describeDatabase(config, embedded);
     const { listenUrl } = config;
     this.listener = new Notifications(
       () =>
@@ -135,6 +155,14 @@ export class Ordo {
     return executeQuery(this, text);
   }
 
+  /**
+   * A URL to connect to the database with psql or another tool: for an embedded PostgreSQL,
+   * with its generated password (keep it to yourself); otherwise the URL ordo was given.
+   */
+  connectionUrl(): string | undefined {
+    return this.embedded?.url ?? this.givenUrl;
+  }
+
   /** Answers the calls in flight, then ends the pool it created and the embedded server. */
   close(): Promise<void> {
     this.closing ??= (async () => {
@@ -150,6 +178,28 @@ export class Ordo {
     })();
     return this.closing;
   }
+}
+
+function describeDatabase(config: Config, embedded: EmbeddedServer | undefined): DatabaseInfo {
+  if (embedded) {
+    const { dataDir, port, created, adopted } = embedded;
+    return { kind: 'embedded', dataDir, host: '127.0.0.1', port, created, adopted };
+  }
+  if (config.source.kind !== 'url') return { kind: 'pool' };
+  // pg reads the same URL (more leniently); only what a person needs to recognise it is kept.
+  let url: URL;
+  try {
+    url = new URL(config.source.url);
+  } catch {
+    return { kind: 'url', host: 'unknown', port: 5432, database: 'unknown', user: 'unknown' };
+  }
+  return {
+    kind: 'url',
+    host: decodeURIComponent(url.hostname) || 'localhost',
+    port: Number(url.port || 5432),
+    database: decodeURIComponent(url.pathname.slice(1)) || decodeURIComponent(url.username),
+    user: decodeURIComponent(url.username),
+  };
 }
 
 export async function createOrdo(options: OrdoOptions = {}): Promise<Ordo> {

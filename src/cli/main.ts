@@ -1,10 +1,18 @@
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { envDatabaseUrl } from '../config.js';
 import { formatDuration } from '../durations.js';
-import { type Blocker, createOrdo, type Ordo, OrdoError } from '../index.js';
+import {
+  type Blocker,
+  createOrdo,
+  type DatabaseInfo,
+  type LogEntry,
+  type Ordo,
+  OrdoError,
+} from '../index.js';
 import { buildServer } from '../server/app.js';
 import { parseTokens, readTokensFile, type Token } from '../server/auth.js';
 
@@ -13,13 +21,17 @@ type Flags = Record<string, string | boolean | undefined>;
 
 const COMMON: Options = {
   'database-url': { type: 'string' },
+  'listen-url': { type: 'string' },
   'data-dir': { type: 'string' },
   schema: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 };
 const COMMON_HELP = `  --database-url URL   PostgreSQL to use (default: ORDO_DATABASE_URL, DATABASE_URL); with none,
                        an embedded PostgreSQL kept in <data-dir>/pg
-  --data-dir DIR       ordo's directory for the embedded PostgreSQL (default .ordo)
+  --listen-url URL     a direct route to PostgreSQL for LISTEN, when --database-url goes through
+                       a pooler in transaction mode (default: ORDO_LISTEN_URL)
+  --data-dir DIR       ordo's directory for the embedded PostgreSQL (default: the nearest .ordo
+                       in this folder or above it, else ./.ordo)
   --schema NAME        ordo's schema (default ORDO_SCHEMA, then ordo)
   -h, --help           this help`;
 
@@ -60,11 +72,18 @@ const COMMANDS: Record<string, Command> = {
     },
     async run(ordo, _args, flags) {
       const app = await buildServer(ordo, { tokens: tokensFrom(flags), logger: { level: 'info' } });
+      log.current = (entry) =>
+        entry.level === 'warn'
+          ? app.log.warn({ code: entry.code }, entry.message)
+          : app.log.info({ code: entry.code }, entry.message);
+      app.log.info({ database: ordo.database }, describeDatabase(ordo.database));
       const host = (flags.host as string | undefined) ?? '127.0.0.1';
       await app.listen({ port: port(flags.port), host });
       const address = app.server.address();
       const where = typeof address === 'object' && address ? `${host}:${address.port}` : host;
       app.log.info({ url: `http://${where}` }, 'ordo is listening');
+      // Finds out now, not at the first subscription, whether notifications arrive (a pooler).
+      void ordo.notifications().catch(() => undefined);
       await new Promise<void>((resolve) => {
         const stop = (signal: NodeJS.Signals) => {
           app.log.info({ signal }, 'stopping: finishing requests in flight');
@@ -139,9 +158,46 @@ const COMMANDS: Record<string, Command> = {
     },
   },
 
+  url: {
+    usage: `ordo url
+  Prints the URL of the database ordo uses, with its password. For the embedded PostgreSQL the
+  port changes at every start: run it while \`ordo serve\` runs (or use \`ordo psql\`).`,
+    options: {},
+    check: noArguments('url'),
+    async run(ordo) {
+      console.log(ordo.connectionUrl() ?? '');
+      const d = ordo.database;
+      if (d.kind === 'embedded' && !d.adopted) {
+        console.error(
+          'ordo: no ordo was running on this embedded PostgreSQL: it stops now, and this URL with it',
+        );
+      }
+      return 0;
+    },
+  },
+
+  psql: {
+    usage: `ordo psql [-- psql arguments]
+  Opens psql on the database ordo uses (the embedded PostgreSQL is started for it when needed).`,
+    options: {},
+    async run(ordo, args) {
+      const child = spawn('psql', [ordo.connectionUrl() ?? '', ...args], { stdio: 'inherit' });
+      return new Promise<number>((resolve, reject) => {
+        child.on('error', (e: NodeJS.ErrnoException) =>
+          reject(
+            e.code === 'ENOENT'
+              ? usage('psql is not installed here; `ordo url` prints the URL for another client')
+              : e,
+          ),
+        );
+        child.on('exit', (code) => resolve(code ?? 1));
+      });
+    },
+  },
+
   status: {
     usage: `ordo status [--json]
-  Lists the sequences with their current values per scope and period, the outbox
+  Shows the database in use and whether notifications arrive; lists the sequences with their current values per scope and period, the outbox
   subscriptions with how far they are behind and any open transaction holding them back,
   and the throttles with their running permits.`,
     options: { json: { type: 'boolean' } },
@@ -151,10 +207,20 @@ const COMMANDS: Record<string, Command> = {
       const subscriptions = await ordo.outbox.subscriptions();
       const throttles = await ordo.throttles.list();
       const permits = await ordo.throttles.running();
+      const notifications = await ordo.notifications();
+      const { database } = ordo;
       if (flags.json) {
-        console.log(JSON.stringify({ sequences, subscriptions, throttles, permits }, null, 2));
+        console.log(
+          JSON.stringify({ database, notifications, sequences, subscriptions, throttles, permits }, null, 2),
+        );
         return 0;
       }
+      console.log(describeDatabase(database));
+      console.log(
+        notifications.state === 'ok'
+          ? `notifications: arriving (${notifications.route === 'listenUrl' ? 'through --listen-url' : 'on the database connection'})`
+          : `notifications: ${notifications.state} — ${notifications.message}`,
+      );
       if (sequences.length === 0) console.log('no sequences defined');
       else {
         console.log('sequences');
@@ -246,6 +312,8 @@ Usage:
   ordo next <name> [--scope s] [--count n]      take values
   ordo status [--json]                          sequences, subscriptions and throttles
   ordo migrate                                  apply migrations
+  ordo psql [-- args]                           psql on the database ordo uses
+  ordo url                                      that database's URL
   ordo bench                                    run the benchmarks
 
 Every command:
@@ -253,6 +321,15 @@ ${COMMON_HELP}
 
 ordo <command> --help shows a command's own options.
 `;
+
+function describeDatabase(d: DatabaseInfo): string {
+  if (d.kind === 'embedded') {
+    const how = d.created ? 'created now' : d.adopted ? 'left running by an earlier process' : 'started';
+    return `database: the embedded PostgreSQL in ${d.dataDir} (${how}), on ${d.host}:${d.port}; \`npx ordo psql\` opens it`;
+  }
+  if (d.kind === 'url') return `database: ${d.database} on ${d.host}:${d.port} as ${d.user}`;
+  return 'database: a pool given by the application';
+}
 
 function describeBlocker(b: Blocker): string {
   const who = b.pid === null ? `prepared transaction '${b.preparedGid}'` : `pid ${b.pid}`;
@@ -315,11 +392,35 @@ export async function main(argv: string[]): Promise<number> {
   }
 }
 
-function open(flags: Flags): Promise<Ordo> {
+/** Where ordo's warnings go: stderr, until `serve` hands them to its logger. */
+const log: { current: (entry: LogEntry) => void } = {
+  current: (entry) => console.error(`ordo: ${entry.level === 'warn' ? 'warning: ' : ''}${entry.message}`),
+};
+
+async function open(flags: Flags): Promise<Ordo> {
   const url = (flags['database-url'] as string | undefined) ?? envDatabaseUrl();
-  const schema = flags.schema as string | undefined;
-  const dataDir = `${(flags['data-dir'] as string | undefined) ?? '.ordo'}/pg`;
-  return url ? createOrdo({ databaseUrl: url, schema }) : createOrdo({ embedded: { dataDir }, schema });
+  const listenUrl = flags['listen-url'] as string | undefined;
+  const common = {
+    schema: flags.schema as string | undefined,
+    listenUrl,
+    log: (e: LogEntry) => log.current(e),
+  };
+  if (url) return createOrdo({ databaseUrl: url, ...common });
+  const dataDir = join((flags['data-dir'] as string | undefined) ?? nearestDataDir(), 'pg');
+  const ordo = await createOrdo({ embedded: { dataDir }, ...common });
+  // A new database in an unexpected folder must not go unnoticed (the usual one is above).
+  if (ordo.database.kind === 'embedded' && ordo.database.created) {
+    console.error(`ordo: created a new embedded PostgreSQL in ${ordo.database.dataDir}`);
+  }
+  return ordo;
+}
+
+/** The nearest `.ordo` holding an embedded database, in this folder or above it; else ./.ordo. */
+function nearestDataDir(): string {
+  for (let dir = process.cwd(); ; dir = dirname(dir)) {
+    if (existsSync(join(dir, '.ordo', 'pg', 'PG_VERSION'))) return join(dir, '.ordo');
+    if (dirname(dir) === dir) return resolve('.ordo');
+  }
 }
 
 function noArguments(command: string): (flags: Flags, args: string[]) => void {
