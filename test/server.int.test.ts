@@ -506,18 +506,59 @@ describe('errors: every code the HTTP API answers, with its status and { code, m
     }
     check(await api('PUT', '/v1/sequences/typed', { json: [] }), 'invalid_argument');
     check(await api('DELETE', '/v1/sequences/taken?ifExists=yes'), 'invalid_argument');
+    // Which values are allowed, and what was sent.
+    check(
+      await api('PUT', '/v1/sequences/typed', { json: { reset: 'yearly' } }),
+      'invalid_argument',
+      'body.reset must be one of "never", "day", "week", "month", "year" (got "yearly")',
+    );
+    check(
+      await api('PUT', '/v1/sequences/typed', { json: { start: '1' } }),
+      'invalid_argument',
+      'body.start must be integer (got "1")',
+    );
+    check(
+      await api('POST', '/v1/sequences/taken/next', { json: { count: 0 } }),
+      'invalid_argument',
+      'body.count must be >= 1 (got 0)',
+    );
+    check(
+      await api('POST', '/v1/topics/typed/messages', {
+        json: { messages: [{ type: 'a', data: 1 }, { data: 1 }] },
+      }),
+      'invalid_argument',
+      "body.messages.1 needs the property 'type'",
+    );
     expect((await api('GET', '/v1/sequences/taken')).status).toBe(200);
   });
 
   it('invalid_argument 400: unknown properties, in bodies and query strings', async () => {
+    // The message names the property and what is known, as the library's own messages do.
     check(
       await api('PUT', '/v1/sequences/typed', { json: { name: 'other' } }),
       'invalid_argument',
-      /additional properties/,
+      /^body has no property 'name'; known properties: kind, start, increment, .*timeZone, format, batch, timeout, ifNotExists, overwrite$/,
     );
-    check(await api('PUT', '/v1/sequences/typed', { json: { strat: 1 } }), 'invalid_argument');
-    check(await api('POST', '/v1/sequences/taken/next', { json: { counts: 2 } }), 'invalid_argument');
-    check(await api('DELETE', '/v1/sequences/taken?force=true'), 'invalid_argument');
+    check(
+      await api('PUT', '/v1/sequences/typed', { json: { strat: 1 } }),
+      'invalid_argument',
+      /^body has no property 'strat'; known properties: kind, start,/,
+    );
+    check(
+      await api('POST', '/v1/sequences/taken/next', { json: { counts: 2 } }),
+      'invalid_argument',
+      "body has no property 'counts'; known properties: scope, count, at",
+    );
+    check(
+      await api('DELETE', '/v1/sequences/taken?force=true'),
+      'invalid_argument',
+      "querystring has no property 'force'; known properties: ifExists",
+    );
+    check(
+      await api('PUT', '/v1/throttles/typed', { json: { every: '1m', concurency: 1 } }),
+      'invalid_argument',
+      /^body has no property 'concurency'; known properties: every, limit, per, concurrency,/,
+    );
     expectError(await api('GET', '/v1/sequences/typed'), 'sequence_not_found');
   });
 
@@ -583,7 +624,11 @@ describe('errors: every code the HTTP API answers, with its status and { code, m
         ['POST', '/next', {}],
       ] as const) {
         const call = body === undefined ? {} : { json: body };
-        check(await api(method, `/v1/sequences/${name}${suffix}`, call), 'invalid_argument', /params\/name/);
+        check(
+          await api(method, `/v1/sequences/${name}${suffix}`, call),
+          'invalid_argument',
+          /^params.name must match pattern .* \(got .*\)$/,
+        );
       }
     }
     // 63 characters is the longest name.

@@ -16,6 +16,7 @@ import { createMetrics } from './metrics.js';
 import { outboxRoutes } from './outbox-routes.js';
 import { ERROR, IF_EXISTS_QUERY, NAME } from './schemas.js';
 import { throttleRoutes } from './throttle-routes.js';
+import { validationMessage } from './validation-message.js';
 
 export interface ServerOptions {
   /** Bearer tokens; when empty or absent every route is open. */
@@ -119,11 +120,13 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: options.bodyLimit ?? 64 * 1024,
     // Refuse what does not match a schema instead of coercing or dropping it.
-    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
+    // verbose: errors carry the value and its schema, for messages that name what is allowed.
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false, verbose: true } },
+    schemaErrorFormatter: (errors, dataVar) => new Error(validationMessage(errors, dataVar)),
     // Refusals while closing are ordo's { code: 'closed' } (see onRequest), not Fastify's body.
     return503OnClosing: false,
     // Long names reach the schema, which refuses them with a 400 like any other bad name.
-    maxParamLength: 16_384,
+    routerOptions: { maxParamLength: 16_384 },
     frameworkErrors: (error, _request, reply) => {
       metrics.errors.inc({ code: 'invalid_argument' });
       (reply as FastifyReply).status(400).send({ code: 'invalid_argument', message: error.message });

@@ -62,16 +62,16 @@ export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
         summary:
           'Append one message, or { messages: [...] } in one transaction; a repeated messageId is stored once',
         params: { type: 'object', properties: { topic: OUTBOX_NAME } },
+        // if/then/else rather than anyOf: a refusal then names the fault in the shape that was meant.
         body: {
-          anyOf: [
-            MESSAGE,
-            {
-              type: 'object',
-              additionalProperties: false,
-              required: ['messages'],
-              properties: { messages: { type: 'array', minItems: 1, maxItems: MAX_APPEND, items: MESSAGE } },
-            },
-          ],
+          if: { type: 'object', required: ['messages'] },
+          then: {
+            type: 'object',
+            additionalProperties: false,
+            required: ['messages'],
+            properties: { messages: { type: 'array', minItems: 1, maxItems: MAX_APPEND, items: MESSAGE } },
+          },
+          else: MESSAGE,
         },
         response: {
           ...errors,
