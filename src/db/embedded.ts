@@ -297,7 +297,10 @@ async function removeAbandonedStaging(dir: string): Promise<void> {
     if (!name.startsWith(prefix)) continue;
     const pid = Number(name.slice(prefix.length).split('-')[0]);
     if (Number.isInteger(pid) && pid !== process.pid && !alive(pid)) {
-      await rm(join(dirname(dir), name), { recursive: true, force: true });
+      // Its initdb may outlive it for a moment; what cannot be removed now is removed next time.
+      await rm(join(dirname(dir), name), { recursive: true, force: true, maxRetries: 3 }).catch(
+        () => undefined,
+      );
     }
   }
 }

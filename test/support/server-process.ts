@@ -1,20 +1,37 @@
 // `ordo serve` (and other CLI commands) as real child processes, run from source the way
 // test/cli.int.test.ts runs them: `node --import tsx test/support/ordo-cli.ts <args>`.
 import { type ChildProcess, spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import type { Agent } from 'undici-types';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
-const CLI = ['--import', 'tsx', 'test/support/ordo-cli.ts'];
+// Absolute paths: a child may run in another folder (cwd), where 'tsx' would not resolve.
+const CLI = [
+  '--import',
+  pathToFileURL(join(ROOT, 'node_modules/tsx/dist/loader.mjs')).href,
+  join(ROOT, 'test/support/ordo-cli.ts'),
+];
 
 /** Variables that would change which database or which tokens a child uses. */
-const INHERITED_SETTINGS = ['DATABASE_URL', 'ORDO_DATABASE_URL', 'ORDO_TOKENS', 'ORDO_SCHEMA'] as const;
+const INHERITED_SETTINGS = [
+  'DATABASE_URL',
+  'ORDO_DATABASE_URL',
+  'ORDO_LISTEN_URL',
+  'ORDO_TOKENS',
+  'ORDO_SCHEMA',
+] as const;
 
 export interface ChildOptions {
   /** Set (a string) or remove (undefined) variables on top of this process's environment. */
   env?: Record<string, string | undefined>;
   /** Keep DATABASE_URL, ORDO_DATABASE_URL, ORDO_TOKENS and ORDO_SCHEMA from this process (default: removed). */
   inheritSettings?: boolean;
+  /** The folder it runs in (default: the repository). */
+  cwd?: string;
+  /** Run as this user (and group), as root can. */
+  uid?: number;
+  gid?: number;
 }
 
 export interface Exit {
@@ -37,7 +54,9 @@ function environment(options: ChildOptions): NodeJS.ProcessEnv {
 
 function launch(args: string[], options: ChildOptions): { child: ChildProcess; exited: Promise<Exit> } {
   const child = spawn(process.execPath, [...CLI, ...args], {
-    cwd: ROOT,
+    cwd: options.cwd ?? ROOT,
+    uid: options.uid,
+    gid: options.gid,
     env: environment(options),
     stdio: ['ignore', 'pipe', 'pipe'],
   });
