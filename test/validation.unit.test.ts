@@ -303,7 +303,36 @@ describe('resolveConfig', () => {
       nodeId,
       migrate: false,
       poolSize: 3,
+      listenUrl: undefined,
+      log: expect.any(Function),
     });
+  });
+
+  it('listenUrl: from the option, else ORDO_LISTEN_URL; a postgres URL, never echoed', () => {
+    expect(resolveConfig({ databaseUrl: URL_A, listenUrl: URL_B }, {}).listenUrl).toBe(URL_B);
+    expect(resolveConfig({ databaseUrl: URL_A }, { ORDO_LISTEN_URL: URL_B }).listenUrl).toBe(URL_B);
+    expect(
+      resolveConfig({ databaseUrl: URL_A, listenUrl: URL_A }, { ORDO_LISTEN_URL: URL_B }).listenUrl,
+    ).toBe(URL_A);
+    expect(resolveConfig({ databaseUrl: URL_A }, { ORDO_LISTEN_URL: '' }).listenUrl).toBeUndefined();
+    const error = refused(
+      () => resolveConfig({ databaseUrl: URL_A, listenUrl: 'mysql://u:secret@h/db' }, {}),
+      'listenUrl must be a postgres:// or postgresql:// URL',
+    );
+    expect(error.message).not.toContain('secret');
+    refused(
+      () => resolveConfig({ databaseUrl: URL_A }, { ORDO_LISTEN_URL: 'redis://h' }),
+      'listenUrl must be',
+    );
+  });
+
+  it('log: a function, by default one that turns warnings into process warnings', () => {
+    const log = () => undefined;
+    expect(resolveConfig({ databaseUrl: URL_A, log }, {}).log).toBe(log);
+    refused(
+      () => resolveConfig({ databaseUrl: URL_A, log: 'console' as never }, {}),
+      'log must be a function',
+    );
   });
 
   it('lower-cases the node id', () => {
