@@ -1,4 +1,4 @@
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type pg from 'pg';
@@ -767,6 +767,8 @@ describe('database_unavailable', () => {
 describe('embedded_failed', () => {
   it('a data directory beneath a regular file', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'ordo-errors-'));
+    // As root, PostgreSQL runs as `postgres`, which must enter the folder: only the file is in the way.
+    await chmod(dir, 0o755);
     try {
       const file = join(dir, 'not-a-directory');
       await writeFile(file, 'just a file\n');

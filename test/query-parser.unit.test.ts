@@ -450,7 +450,7 @@ describe('parse errors', () => {
     ],
     [
       "DEFINE SEQUENCE s\n  FORMAT 'INV-{Q}-{n}'",
-      `format has an unknown token {Q}; known tokens: ${FORMAT_TOKENS.join(' ')} (W: a width from 1 to 20) at 2:10`,
+      `format has an unknown token {Q}; braces only enclose the tokens ${FORMAT_TOKENS.join(' ')} (W: a width from 1 to 20) at 2:10`,
     ],
     // names
     ['DEFINE SEQUENCE `my-seq`', `${NAME_RULE} (got "my-seq") at 1:17`],

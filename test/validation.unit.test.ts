@@ -260,7 +260,29 @@ describe('validateFormat', () => {
     ['{ n }', '{ n }'],
   ])('refuses %j: unknown token', (format, token) => {
     const error = refused(() => validateFormat(format), `format has an unknown token ${token};`);
+    expect(error.message).toContain('braces only enclose the tokens');
     expect(error.message).toContain(FORMAT_TOKENS.join(' '));
+  });
+
+  it.each([
+    ['{n}-{n:{YYYY}{MM}{DD}}', "a stray '{'"],
+    ['{n:{DD}}', "a stray '{'"],
+    ['A{B-{n}', "a stray '{'"],
+    ['{n}}', "a stray '}'"],
+    ['}{n}', "a stray '}'"],
+    ['{n}{', "a stray '{'"],
+  ])('refuses %j: braces that enclose no token', (format, what) => {
+    refused(() => validateFormat(format), `format has ${what}; braces only enclose the tokens`);
+  });
+
+  it('bounds the rendered length: each {scope} counts as 200 characters, {n} as 20', () => {
+    const four = '{scope}'.repeat(4);
+    // 800 + 20 + 150: well within 1000.
+    expect(validateFormat(`${four}{n}${'x'.repeat(150)}`)).toBe(`${four}{n}${'x'.repeat(150)}`);
+    refused(
+      () => validateFormat(`${'{scope}'.repeat(5)}{n}`),
+      'format may render up to 1020 characters; at most 1000 are allowed',
+    );
   });
 
   it.each(['INV-{YYYY}', 'plain', '{scope}-{DD}'])('refuses %j: no number', (format) => {

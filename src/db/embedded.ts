@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { chmod, chown, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { createServer } from 'node:net';
@@ -221,8 +221,9 @@ function checkReachable(
   }
   // Outermost first, so the first folder refused is the one to name.
   const ordered = [...folders].sort((a, b) => a.length - b.length);
-  // Folders that do not exist yet are created by ordo (as root, mode 755): they are fine.
-  const existing = ordered.filter((d) => existsSync(d));
+  // Folders that do not exist yet are created by ordo (as root, mode 755): they are fine. A file
+  // in the way is not a permission matter: creating the data directory says so.
+  const existing = ordered.filter((d) => statSync(d, { throwIfNoEntry: false })?.isDirectory());
   const check = spawnSync(
     '/bin/sh',
     ['-c', 'for d in "$@"; do [ -x "$d" ] || { printf "%s" "$d"; exit 1; }; done', 'sh', ...existing],

@@ -2,12 +2,27 @@ import { invalid } from '../validate.js';
 
 /**
  * Formats are rendered in SQL (`render()` in the migrations) so that every language gets
- * the same text; this module only refuses formats that would render wrongly.
+ * the same text, in one pass over the format's own pieces: a token's output is never read
+ * again. The same grammar is checked in SQL (`check_format`) for definitions from any client;
+ * this module refuses bad formats first, with the same messages.
  */
 export const FORMAT_TOKENS = ['{YYYY}', '{YY}', '{MM}', '{DD}', '{WW}', '{IYYY}', '{scope}', '{n}', '{n:W}'];
-const TOKEN = /\{[^{}]*\}/g;
-const KNOWN = /^\{(YYYY|YY|MM|DD|WW|IYYY|scope|n|n:([1-9]|1[0-9]|20))\}$/;
 export const MAX_FORMAT_LENGTH = 200;
+/** The longest text a format may render (each `{scope}` counts as its 200 characters). */
+export const MAX_RENDERED_LENGTH = 1000;
+
+/** Tokens (braces around no brace), runs of literal text, and stray braces, in order. */
+const PIECES = /\{[^{}]*\}|[^{}]+|[{}]/g;
+const NUMBER = /^\{n(:([1-9]|1[0-9]|20))?\}$/;
+
+/** How long a token can render, as `token_width()` in SQL; undefined for an unknown token. */
+function tokenWidth(token: string): number | undefined {
+  if (token === '{YYYY}' || token === '{IYYY}') return 6;
+  if (['{YY}', '{MM}', '{DD}', '{WW}'].includes(token)) return 2;
+  if (NUMBER.test(token)) return 20;
+  if (token === '{scope}') return 200;
+  return undefined;
+}
 
 export function validateFormat(format: unknown): string {
   if (typeof format !== 'string' || format.length === 0 || format.length > MAX_FORMAT_LENGTH) {
@@ -16,17 +31,29 @@ export function validateFormat(format: unknown): string {
     );
   }
   let number = false;
-  for (const [token] of format.matchAll(TOKEN)) {
-    const known = KNOWN.exec(token);
-    if (!known) {
+  let longest = 0;
+  for (const [piece] of format.matchAll(PIECES)) {
+    if (!/[{}]/.test(piece)) {
+      longest += piece.length;
+      continue;
+    }
+    const width = tokenWidth(piece);
+    if (width === undefined) {
+      const what = piece.length === 1 ? `a stray '${piece}'` : `an unknown token ${piece}`;
       throw invalid(
-        `format has an unknown token ${token}; known tokens: ${FORMAT_TOKENS.join(' ')} (W: a width from 1 to 20)`,
+        `format has ${what}; braces only enclose the tokens ${FORMAT_TOKENS.join(' ')} (W: a width from 1 to 20)`,
       );
     }
-    if (token.startsWith('{n')) number = true;
+    longest += width;
+    if (NUMBER.test(piece)) number = true;
   }
   if (!number) {
     throw invalid(`format must contain {n} or {n:W}, or two numbers would read the same (got '${format}')`);
+  }
+  if (longest > MAX_RENDERED_LENGTH) {
+    throw invalid(
+      `format may render up to ${longest} characters; at most ${MAX_RENDERED_LENGTH} are allowed (each {scope} may take 200)`,
+    );
   }
   return format;
 }
