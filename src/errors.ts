@@ -76,11 +76,44 @@ const SQLSTATE_CODES: Record<string, OrdoErrorCode> = {
   '23514': 'invalid_argument', // check_violation
   '57014': 'timeout', // query_canceled (statement_timeout)
   '55P03': 'timeout', // lock_not_available (lock_timeout)
-  '57P01': 'database_unavailable', // admin_shutdown
-  '08006': 'database_unavailable', // connection_failure
 };
 
-const NETWORK_ERRORS = new Set(['ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'ETIMEDOUT', 'EPIPE']);
+/**
+ * A database that is restarting, starting up, shutting down, in recovery, out of connection
+ * slots, read-only after a failover, or unreachable: transient, answered 503 with Retry-After.
+ * Class 08 (connection exceptions) counts whole.
+ */
+const UNAVAILABLE_SQLSTATES = new Set(['57P01', '57P02', '57P03', '53300', '25006']);
+const NETWORK_ERRORS = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'ETIMEDOUT',
+  'EPIPE',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ECONNABORTED',
+  // Out of file descriptors: no new connection can be opened until some are closed.
+  'EMFILE',
+  'ENFILE',
+]);
+/** Raised before a statement could reach the server: retrying it cannot run it twice. */
+const BEFORE_SENDING = new Set([
+  '57P03',
+  '53300',
+  '08001',
+  '08004',
+  'ECONNREFUSED',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'EMFILE',
+  'ENFILE',
+]);
+const LOST_CONNECTION =
+  /Connection terminated|connection timeout|Client has encountered a connection error|timeout exceeded when trying to connect/i;
 
 /**
  * Turns anything thrown by the driver into an OrdoError. The statement text is attached
@@ -103,12 +136,41 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
     );
   }
   if (sqlstate && SQLSTATE_CODES[sqlstate]) code = SQLSTATE_CODES[sqlstate];
-  else if (sqlstate && NETWORK_ERRORS.has(sqlstate)) code = 'database_unavailable';
-  else if (
-    /Connection terminated|connection timeout|Client has encountered a connection error/i.test(message)
-  )
-    code = 'database_unavailable';
+  else if (unavailable(sqlstate, message))
+    return wrap('database_unavailable', unavailableMessage(sqlstate, message), error, statement);
   return wrap(code, message, error, statement);
+}
+
+function unavailable(sqlstate: string | undefined, message: string): boolean {
+  if (sqlstate === undefined) return LOST_CONNECTION.test(message);
+  return (
+    UNAVAILABLE_SQLSTATES.has(sqlstate) ||
+    sqlstate.startsWith('08') ||
+    NETWORK_ERRORS.has(sqlstate) ||
+    LOST_CONNECTION.test(message)
+  );
+}
+
+/**
+ * What a client may be told: never the database's host or port (a network error's message
+ * carries them); the original stays the cause.
+ */
+function unavailableMessage(sqlstate: string | undefined, message: string): string {
+  if (sqlstate && NETWORK_ERRORS.has(sqlstate))
+    return `PostgreSQL cannot be reached (${sqlstate}); retry later`;
+  if (sqlstate) return `PostgreSQL is unavailable: ${message} (SQLSTATE ${sqlstate}); retry later`;
+  return `The connection to PostgreSQL was lost (${message}); retry later`;
+}
+
+/**
+ * Whether an error shows that its statement never reached the server (no connection could be
+ * made or taken), so that running it again cannot run it twice.
+ */
+export function neverSent(error: unknown): boolean {
+  const cause = error instanceof OrdoError ? error.cause : error;
+  const e = cause as { code?: unknown; message?: unknown } | undefined;
+  if (typeof e?.code === 'string' && BEFORE_SENDING.has(e.code)) return true;
+  return typeof e?.message === 'string' && /timeout exceeded when trying to connect/i.test(e.message);
 }
 
 function wrap(code: OrdoErrorCode, message: string, cause: unknown, statement?: string): OrdoError {

@@ -47,6 +47,7 @@ afterAll(async () => {
 interface Reply {
   status: number;
   contentType: string | null;
+  retryAfter: string | null;
   text: string;
   json: any;
 }
@@ -86,7 +87,13 @@ async function http(base: string, method: string, path: string, call: Call = {})
   } catch {
     json = undefined;
   }
-  return { status: response.status, contentType: response.headers.get('content-type'), text, json };
+  return {
+    status: response.status,
+    contentType: response.headers.get('content-type'),
+    retryAfter: response.headers.get('retry-after'),
+    text,
+    json,
+  };
 }
 
 const api = (method: string, path: string, call?: Call) => http(server.url, method, path, call);
@@ -103,6 +110,9 @@ function expectError(reply: Reply, code: keyof typeof ERROR_CODES, message?: str
   expect(reply.json.message.length).toBeGreaterThan(0);
   if (typeof message === 'string') expect(reply.json.message).toBe(message);
   else if (message) expect(reply.json.message).toMatch(message);
+  // Every 503 is transient and says when to come back; nothing else does.
+  if (reply.status === 503) expect(reply.retryAfter).toMatch(/^[1-9]\d*$/);
+  else if (reply.status !== 429) expect(reply.retryAfter).toBeNull();
 }
 
 /** Prometheus text → the value of one sample, or undefined. */

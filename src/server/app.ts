@@ -100,6 +100,9 @@ const NEXT_REPLY = {
   },
 } as const;
 
+/** Retry-After of a 503, in seconds: PostgreSQL restarts in about that. */
+const RETRY_AFTER_S = 1;
+
 /** Fastify's own client errors, as ordo codes. Anything else unexpected is a 500. */
 const FASTIFY_CODES: Record<string, OrdoErrorCode> = {
   FST_ERR_CTP_BODY_TOO_LARGE: 'payload_too_large',
@@ -191,6 +194,8 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     const ordoError = known ?? (code ? new OrdoError(code, error.message) : toOrdoError(error));
     if (ordoError.httpStatus >= 500) request.log.error({ err: error }, 'request failed');
     metrics.errors.inc({ code: ordoError.code });
+    // Every 503 is transient (a restart, a timeout, a closing server): say when to come back.
+    if (ordoError.httpStatus === 503) reply.header('retry-after', String(RETRY_AFTER_S));
     reply.status(ordoError.httpStatus).send({ code: ordoError.code, message: ordoError.message });
   });
 
