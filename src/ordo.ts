@@ -119,6 +119,14 @@ export class Ordo {
     }
   }
 
+  /** One round trip to the database, in milliseconds; `database_unavailable` when it does not answer. */
+  async ping(): Promise<number> {
+    this.ensureOpen();
+    const started = performance.now();
+    await this.inFlight.query(this.pool, 'SELECT 1', []);
+    return Math.round((performance.now() - started) * 10) / 10;
+  }
+
   /**
    * Whether notifications reach this client: LISTEN wakes outbox consumers and tells nodes of
    * redefinitions. Behind a pooler in transaction mode they are lost: ordo then polls often and

@@ -800,6 +800,9 @@ const UNREACHABLE: OrdoErrorCode[] = [
   'not_found',
   'payload_too_large',
   'unsupported_media_type',
+  // Answered by Node's HTTP parser through the server: test/server-hostile.int.test.ts.
+  'request_timeout',
+  'headers_too_large',
   'subscription_not_found',
   'subscription_conflict',
   'handler_failed',

@@ -4,7 +4,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { envDatabaseUrl } from '../config.js';
-import { formatDuration } from '../durations.js';
+import { durationOption, formatDuration } from '../durations.js';
 import {
   type Blocker,
   createOrdo,
@@ -53,15 +53,20 @@ const COMMANDS: Record<string, Command> = {
   --port N             port (default 7070; 0 picks a free one)
   --host ADDRESS       address to listen on (default 127.0.0.1)
   --tokens-file FILE   bearer tokens, one 'token:scope+scope' a line (default: ORDO_TOKENS)
-  --insecure           allow listening beyond loopback without tokens`,
+  --insecure           allow listening beyond loopback without tokens
+  --request-timeout D  a request must arrive whole within D (default 10s; headers within half)
+  --max-connections N  most open client connections (default: the open-files limit less 256)`,
     options: {
       port: { type: 'string' },
       host: { type: 'string' },
       'tokens-file': { type: 'string' },
       insecure: { type: 'boolean' },
+      'request-timeout': { type: 'string' },
+      'max-connections': { type: 'string' },
     },
     check(flags) {
       port(flags.port);
+      serverLimits(flags);
       tokensFrom(flags);
       const host = (flags.host as string | undefined) ?? '127.0.0.1';
       if (!loopback(host) && tokensFrom(flags).length === 0 && !flags.insecure) {
@@ -71,7 +76,11 @@ const COMMANDS: Record<string, Command> = {
       }
     },
     async run(ordo, _args, flags) {
-      const app = await buildServer(ordo, { tokens: tokensFrom(flags), logger: { level: 'info' } });
+      const app = await buildServer(ordo, {
+        tokens: tokensFrom(flags),
+        logger: { level: 'info' },
+        ...serverLimits(flags),
+      });
       log.current = (entry) =>
         entry.level === 'warn'
           ? app.log.warn({ code: entry.code }, entry.message)
@@ -436,6 +445,26 @@ function port(value: unknown): number {
     throw usage(`--port must be a whole number from 0 to 65535 (got '${String(value)}')`);
   }
   return n;
+}
+
+function serverLimits(flags: Flags): { requestTimeoutMs?: number; maxConnections?: number } {
+  const limits: { requestTimeoutMs?: number; maxConnections?: number } = {};
+  const timeout = flags['request-timeout'] as string | undefined;
+  if (timeout !== undefined) {
+    try {
+      limits.requestTimeoutMs = durationOption('--request-timeout', timeout, 100, 3_600_000);
+    } catch (e) {
+      throw usage((e as Error).message);
+    }
+  }
+  const max = flags['max-connections'] as string | undefined;
+  if (max !== undefined) {
+    if (!/^\d+$/.test(max) || Number(max) < 1 || Number(max) > 1_000_000) {
+      throw usage(`--max-connections must be a whole number from 1 to 1000000 (got '${max}')`);
+    }
+    limits.maxConnections = Number(max);
+  }
+  return limits;
 }
 
 function tokensFrom(flags: Flags): Token[] {

@@ -1,3 +1,5 @@
+import { readFileSync } from 'node:fs';
+import { STATUS_CODES } from 'node:http';
 import swagger from '@fastify/swagger';
 import Fastify, {
   type FastifyError,
@@ -6,7 +8,7 @@ import Fastify, {
   type FastifyServerOptions,
   LogController,
 } from 'fastify';
-import { OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoError } from '../errors.js';
+import { ERROR_CODES, OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoError } from '../errors.js';
 import type { Ordo } from '../ordo.js';
 import { MAX_BATCH } from '../sequences/definitions.js';
 import { MAX_COUNT } from '../sequences/sequences.js';
@@ -25,6 +27,30 @@ export interface ServerOptions {
   logger?: FastifyServerOptions['logger'];
   /** Largest request body, in bytes (default 64 KiB). */
   bodyLimit?: number;
+  /** Most open client connections; more are closed at once (default: what the open-files limit leaves). */
+  maxConnections?: number;
+  /** A request must arrive whole within this (default 10 s); its headers within 5 s. */
+  requestTimeoutMs?: number;
+}
+
+/**
+ * Connections the server accepts at most: the process's open-files limit less what the
+ * database pool, the LISTEN connection and files need, so that hostile sockets can never
+ * starve PostgreSQL connections of file descriptors (EMFILE).
+ */
+export function defaultMaxConnections(): number {
+  const reserve = 256;
+  let limit = 1024;
+  try {
+    const line = readFileSync('/proc/self/limits', 'utf8')
+      .split('\n')
+      .find((l) => l.startsWith('Max open files'));
+    const soft = Number(line?.split(/\s{2,}/)[1]);
+    if (Number.isInteger(soft) && soft > 0) limit = soft;
+  } catch {
+    // Not Linux: assume the common default.
+  }
+  return Math.max(16, Math.min(10_000, limit - reserve));
 }
 
 declare module 'fastify' {
@@ -103,6 +129,19 @@ const NEXT_REPLY = {
 /** Retry-After of a 503, in seconds: PostgreSQL restarts in about that. */
 const RETRY_AFTER_S = 1;
 
+/** What Node's HTTP parser refuses, by its error code. */
+const CLIENT_ERRORS: Record<string, { code: OrdoErrorCode; message: string }> = {
+  HPE_HEADER_OVERFLOW: {
+    code: 'headers_too_large',
+    message: 'the request headers are too large (16 KiB at most)',
+  },
+  ERR_HTTP_REQUEST_TIMEOUT: {
+    code: 'request_timeout',
+    message: 'the request did not arrive in time: send it whole within the request timeout',
+  },
+  default: { code: 'invalid_argument', message: 'the request is not valid HTTP' },
+};
+
 /** Fastify's own client errors, as ordo codes. Anything else unexpected is a 500. */
 const FASTIFY_CODES: Record<string, OrdoErrorCode> = {
   FST_ERR_CTP_BODY_TOO_LARGE: 'payload_too_large',
@@ -122,6 +161,16 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     // One line per request, written by the onResponse hook below, instead of Fastify's two.
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: options.bodyLimit ?? 64 * 1024,
+    // Slow and idle clients are closed: a whole request within requestTimeout (headers within
+    // half of it), an idle kept-alive connection after 5 s, a silent socket after 30 s.
+    requestTimeout: options.requestTimeoutMs ?? 10_000,
+    http: {
+      headersTimeout: Math.ceil((options.requestTimeoutMs ?? 10_000) / 2),
+      // How often Node looks for requests past those times (its default, 30 s, lets them linger).
+      connectionsCheckingInterval: 500,
+    },
+    keepAliveTimeout: 5_000,
+    connectionTimeout: 30_000,
     // Refuse what does not match a schema instead of coercing or dropping it.
     // verbose: errors carry the value and its schema, for messages that name what is allowed.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false, verbose: true } },
@@ -130,11 +179,28 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     return503OnClosing: false,
     // Long names reach the schema, which refuses them with a 400 like any other bad name.
     routerOptions: { maxParamLength: 16_384 },
+    // Errors Node answers before a request exists (bad HTTP, headers too large, too slow): the
+    // same { code, message } as every other error, and the connection closed.
+    clientErrorHandler: (error: NodeJS.ErrnoException, socket) => {
+      const answer = CLIENT_ERRORS[error.code ?? ''] ?? CLIENT_ERRORS.default!;
+      if (!socket.writable || error.code === 'ECONNRESET' || error.code === 'EPIPE') {
+        socket.destroy();
+        return;
+      }
+      metrics.errors.inc({ code: answer.code });
+      const body = JSON.stringify({ code: answer.code, message: answer.message });
+      socket.end(
+        `HTTP/1.1 ${ERROR_CODES[answer.code]} ${STATUS_CODES[ERROR_CODES[answer.code]]}\r\n` +
+          `Connection: close\r\nContent-Type: application/json; charset=utf-8\r\n` +
+          `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+      );
+    },
     frameworkErrors: (error, _request, reply) => {
       metrics.errors.inc({ code: 'invalid_argument' });
       (reply as FastifyReply).status(400).send({ code: 'invalid_argument', message: error.message });
     },
   });
+  app.server.maxConnections = options.maxConnections ?? defaultMaxConnections();
   // JSON only: a text/plain body is refused with 415, never parsed as something else.
   app.removeContentTypeParser('text/plain');
   let closing = false;
@@ -208,7 +274,13 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
 
   const errors = { 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 503: ERROR };
 
+  // The process lives: answered whatever the database does.
   app.get('/healthz', { schema: { hide: true } }, async () => ({ status: 'ok' }));
+  // The database answers: 503 database_unavailable (with Retry-After) while it does not.
+  app.get('/readyz', { schema: { hide: true } }, async () => ({
+    status: 'ready',
+    databaseMs: await ordo.ping(),
+  }));
 
   app.get('/metrics', { config: { scope: 'read' }, schema: { hide: true } }, async (_request, reply) => {
     reply.type(metrics.registry.contentType);
