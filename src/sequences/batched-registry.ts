@@ -130,8 +130,11 @@ export class BatchedRegistry {
   private watch(): void {
     this.unlisten ??= this.notifications.on(this.plans.channel, {
       message: (name) => this.onChange(name),
+      // Anything may have been missed: no range is served any more, but the allocators (and
+      // their TIMEOUT) stay, so calls during an outage retry within their timeout instead of
+      // failing at their first definition lookup. The next reservation checks kind and epoch.
       reset: () => {
-        for (const name of [...this.allocators.keys()]) this.onChange(name);
+        for (const allocator of this.allocators.values()) allocator.drop();
       },
     });
     this.scheduleCheck();
