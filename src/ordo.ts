@@ -3,7 +3,7 @@ import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
 import { clientLike, guardClient } from './db/clients.js';
 import { InFlight } from './db/in-flight.js';
-import { migrate } from './db/migrations.js';
+import { migrate, quoteIdent } from './db/migrations.js';
 import { Notifications, type NotificationStatus } from './db/notifications.js';
 import { closedError, toOrdoError } from './errors.js';
 import { Outbox } from './outbox/outbox.js';
@@ -12,6 +12,8 @@ import { executeQuery, type StatementResult } from './query/executor.js';
 import { sequencePlans } from './sequences/plans.js';
 import { type NextOptions, Sequences } from './sequences/sequences.js';
 import { Throttles } from './throttles/throttles.js';
+
+const MAINTAIN_EVERY_MS = 3_600_000;
 
 /** Which database a client uses; never its password. */
 export type DatabaseInfo =
@@ -42,6 +44,8 @@ export class Ordo {
   private readonly inFlight = new InFlight();
   private readonly listener: Notifications;
   private readonly givenUrl: string | undefined;
+  private readonly maintainStatement: string;
+  private readonly maintenance: NodeJS.Timeout;
 
   /** @internal Use createOrdo(). */
   constructor(
@@ -54,6 +58,9 @@ export class Ordo {
     this.schema = config.schema;
     this.nodeId = config.nodeId;
     this.database = describeDatabase(config, embedded);
+    this.maintainStatement = `SELECT what, deleted FROM ${quoteIdent(config.schema)}.maintain()`;
+    this.maintenance = setInterval(() => void this.maintain().catch(() => undefined), MAINTAIN_EVERY_MS);
+    this.maintenance.unref();
     const { listenUrl } = config;
     this.listener = new Notifications(
       () =>
@@ -119,6 +126,17 @@ export class Ordo {
     }
   }
 
+  /**
+   * Deletes what nothing needs any more (idempotency keys past a day, permits ended a day ago,
+   * range ownership rows of a week ago), in bounded steps; every client does it once an hour,
+   * one at a time. Returns what was deleted.
+   */
+  async maintain(): Promise<{ what: string; deleted: number }[]> {
+    this.ensureOpen();
+    const { rows } = await this.inFlight.query(this.pool, this.maintainStatement, []);
+    return rows.map((r) => ({ what: r.what, deleted: Number(r.deleted) }));
+  }
+
   /** One round trip to the database, in milliseconds; `database_unavailable` when it does not answer. */
   async ping(): Promise<number> {
     this.ensureOpen();
@@ -180,6 +198,7 @@ export class Ordo {
       await this.sequences.close();
       await this.throttles.close();
       await this.listener.stop();
+      clearInterval(this.maintenance);
       this.closed = true;
       if (this.ownsPool) await this.pool.end();
       await this.embedded?.stop();

@@ -10,9 +10,6 @@ type Run = (db: Queryable, text: string, values: unknown[]) => Promise<{ rows: a
 
 /** How often a node re-reads the epochs of the sequences it holds ranges of. */
 const EPOCH_CHECK_MS = 2000;
-/** Ownership rows older than this are collected, at most once an hour per node. */
-const KEEP_BATCHES = '7 days';
-const COLLECT_EVERY_MS = 3_600_000;
 
 /**
  * This node's ranges of batched sequences. Redefinitions and removals reach it three ways:
@@ -24,7 +21,6 @@ export class BatchedRegistry {
   private readonly allocators = new Map<string, Allocator>();
   private unlisten: (() => void) | undefined;
   private checker: NodeJS.Timeout | undefined;
-  private lastCollect = 0;
   /**
    * A connection of its own for reservations. pg-pool hands out connections on a later tick,
    * which a tight `await nextval()` loop never yields to; a connected client writes the
@@ -92,10 +88,6 @@ export class BatchedRegistry {
     }
     const r = rows[0];
     this.reservations.set(name, (this.reservations.get(name) ?? 0) + 1);
-    if (Date.now() - this.lastCollect > COLLECT_EVERY_MS) {
-      this.lastCollect = Date.now();
-      this.run(this.pool, this.plans.collectBatches, [KEEP_BATCHES]).catch(() => undefined);
-    }
     return {
       first: Number(r.first),
       last: Number(r.last),

@@ -25,9 +25,10 @@ export function sequencePlans(schema: string) {
     reserve: `SELECT first, last, epoch, increment, timeout_ms FROM ${s}.reserve($1, $2, $3)`,
     /** Epochs of the batched sequences a node holds ranges of (a missed NOTIFY cannot keep a range alive). */
     epochs: `SELECT name, epoch, kind FROM ${s}.sequences WHERE name = ANY($1::text[])`,
-    collectBatches: `SELECT ${s}.collect_batches($1::interval) AS deleted`,
     /** The hot path: `how_many` consecutive values, in order, in one statement. */
     take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4)`,
+    /** take(), once per (sequence, idempotency key): a retry with the key gets the same values. */
+    takeOnce: `SELECT value, text, period, replayed FROM ${s}.take_once($1, $2, coalesce($3::timestamptz, now()), $4, $5)`,
     /** Coalesced standalone calls for several (sequence, scope, at) at once. */
     takeMany: `SELECT request, value, text, period FROM ${s}.take_many($1::text[], $2::text[], $3::timestamptz[], $4::integer[])`,
   };

@@ -23,6 +23,11 @@ export interface NextOptions {
   tx?: Queryable;
   /** The time whose period the value belongs to (default: the transaction's now()). */
   at?: Date | string;
+  /**
+   * Gapless only: a call repeated with the same key (and the same scope and count) within a
+   * day gets the same values instead of new ones, so a retry after a lost answer loses nothing.
+   */
+  idempotencyKey?: string;
 }
 
 export interface SequenceStatus {
@@ -42,13 +47,15 @@ export interface RemoveOptions {
 /** Most values one call may take at once. */
 export const MAX_COUNT = 10_000;
 const MAX_SCOPE_LENGTH = 200;
-const NEXT_KEYS = ['scope', 'tx', 'at'] as const;
+const NEXT_KEYS = ['scope', 'tx', 'at', 'idempotencyKey'] as const;
+export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
 
 interface Checked {
   name: string;
   scope: string;
   at: string | null;
   tx: Queryable | undefined;
+  idempotencyKey: string | undefined;
 }
 
 export class Sequences {
@@ -205,6 +212,7 @@ export class Sequences {
     const definition = await this.definition(c.name);
     try {
       if (definition.kind === 'batched') return await this.takeBatched(definition, c, count);
+      if (c.idempotencyKey !== undefined) return await this.takeOnce(c.tx ?? this.pool, c, count);
       if (c.tx) return await this.takeMany(c.tx, c.name, c.scope, c.at, count);
       return await this.coalescer.take(c.name, c.scope, c.at, count);
     } catch (e) {
@@ -221,6 +229,11 @@ export class Sequences {
   private async takeBatched(definition: SequenceDefinition, c: Checked, count: number): Promise<Issued[]> {
     if (c.scope !== '' || c.at !== null) {
       throw invalid(`The sequence '${c.name}' is batched: it takes no scope and no at`);
+    }
+    if (c.idempotencyKey !== undefined) {
+      throw invalid(
+        `The sequence '${c.name}' is batched: it takes no idempotency key (a value whose answer was lost is a gap, as any unused value)`,
+      );
     }
     const allocator = this.batched.open(definition);
     const issued: Issued[] = [];
@@ -263,6 +276,17 @@ export class Sequences {
     return rows.map((r) => ({ value: Number(r.value), text: r.text, period: r.period, scope }));
   }
 
+  private async takeOnce(db: Queryable, c: Checked, count: number): Promise<Issued[]> {
+    const { rows } = await this.run(db, this.plans.takeOnce, [
+      c.name,
+      c.scope,
+      c.at,
+      count,
+      c.idempotencyKey,
+    ]);
+    return rows.map((r) => ({ value: Number(r.value), text: r.text, period: r.period, scope: c.scope }));
+  }
+
   private async takeBatch(requests: Request[]): Promise<Issued[][]> {
     const { rows } = await this.run(this.pool, this.plans.takeMany, [
       requests.map((r) => r.name),
@@ -296,7 +320,23 @@ function checkNext(name: string, options: NextOptions): Checked {
     scope,
     at: checkAt(o.at),
     tx: o.tx === undefined ? undefined : asQueryable(o.tx),
+    idempotencyKey: o.idempotencyKey === undefined ? undefined : checkKey(o.idempotencyKey),
   };
+}
+
+function checkKey(key: unknown): string {
+  if (
+    typeof key !== 'string' ||
+    key.length === 0 ||
+    key.length > MAX_IDEMPOTENCY_KEY_LENGTH ||
+    key.includes('\u0000') ||
+    /[\uD800-\uDFFF]/.test(key.replace(/[\uD800-\uDBFF][\uDC00-\uDFFF]/g, ''))
+  ) {
+    throw invalid(
+      `idempotencyKey must be a text of 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters, such as a UUID (got ${describe(key)})`,
+    );
+  }
+  return key;
 }
 
 /** A date, or a date-time with an explicit offset: a local time without one would be read in the Node process's zone. */

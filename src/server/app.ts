@@ -11,7 +11,7 @@ import Fastify, {
 import { ERROR_CODES, OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoError } from '../errors.js';
 import type { Ordo } from '../ordo.js';
 import { MAX_BATCH } from '../sequences/definitions.js';
-import { MAX_COUNT } from '../sequences/sequences.js';
+import { MAX_COUNT, MAX_IDEMPOTENCY_KEY_LENGTH } from '../sequences/sequences.js';
 import { MAX_VALUE } from '../validate.js';
 import { authenticate, type Scope, type Token } from './auth.js';
 import { createMetrics } from './metrics.js';
@@ -368,13 +368,25 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     }),
   );
 
-  app.post<{ Params: { name: string }; Body: { scope?: string; count?: number; at?: string } | undefined }>(
+  app.post<{
+    Params: { name: string };
+    Body: { scope?: string; count?: number; at?: string } | undefined;
+    Headers: { 'idempotency-key'?: string };
+  }>(
     '/v1/sequences/:name/next',
     {
       config: { scope: 'next' },
       schema: {
         summary: 'Take the next value(s) of a sequence',
+        description:
+          'With an Idempotency-Key header (gapless sequences), the same key with the same scope and count within a day answers the same values: retry a 503 or a lost answer with it and no number is lost.',
         params: { type: 'object', properties: { name: NAME } },
+        headers: {
+          type: 'object',
+          properties: {
+            'idempotency-key': { type: 'string', minLength: 1, maxLength: MAX_IDEMPOTENCY_KEY_LENGTH },
+          },
+        },
         body: { ...NEXT_BODY, type: ['object', 'null'] },
         response: { ...errors, 200: NEXT_REPLY },
       },
@@ -382,7 +394,12 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     async (request) => {
       const { scope, count, at } = request.body ?? {};
       const name = request.params.name;
-      const opts = { ...(scope === undefined ? {} : { scope }), ...(at === undefined ? {} : { at }) };
+      const key = request.headers['idempotency-key'];
+      const opts = {
+        ...(scope === undefined ? {} : { scope }),
+        ...(at === undefined ? {} : { at }),
+        ...(key === undefined ? {} : { idempotencyKey: key }),
+      };
       const issued =
         count === undefined
           ? [await ordo.sequences.next(name, opts)]
