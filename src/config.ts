@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
+import { durationOption } from './durations.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from './validate.js';
 
 export interface EmbeddedOptions {
@@ -28,6 +29,13 @@ export interface OrdoOptions {
    * Default `ORDO_LISTEN_URL`; without it, LISTEN takes the same route as every query.
    */
   listenUrl?: string;
+  /** How long opening a connection, or waiting for a free one in ordo's pool, may take (default '10s'). */
+  connectTimeout?: string | number;
+  /**
+   * How long one statement on ordo's pool may take before it is abandoned with `timeout` and
+   * its connection closed (default '30s'): a frozen database cannot hold a request forever.
+   */
+  statementTimeout?: string | number;
   /** Where ordo reports what it notices (lost notifications); default: warnings go to process.emitWarning. */
   log?: Log;
 }
@@ -56,6 +64,8 @@ export interface Config {
   poolSize: number;
   listenUrl: string | undefined;
   log: Log;
+  connectTimeoutMs: number;
+  statementTimeoutMs: number;
 }
 
 const OPTION_KEYS = [
@@ -68,7 +78,11 @@ const OPTION_KEYS = [
   'poolSize',
   'listenUrl',
   'log',
+  'connectTimeout',
+  'statementTimeout',
 ] as const;
+const HOUR_MS = 3_600_000;
+const DAY_MS = 86_400_000;
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** Validates createOrdo's options once, with messages that say what to change. */
@@ -95,6 +109,8 @@ export function resolveConfig(options: OrdoOptions = {}, env: NodeJS.ProcessEnv 
     poolSize,
     listenUrl,
     log: options.log ?? defaultLog,
+    connectTimeoutMs: durationOption('connectTimeout', options.connectTimeout ?? '10s', 100, HOUR_MS),
+    statementTimeoutMs: durationOption('statementTimeout', options.statementTimeout ?? '30s', 100, DAY_MS),
   };
 }
 

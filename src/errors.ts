@@ -137,6 +137,14 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
       statement,
     );
   }
+  if (message === 'Query read timeout') {
+    return wrap(
+      'timeout',
+      'The statement did not finish within statementTimeout; it was abandoned',
+      error,
+      statement,
+    );
+  }
   if (sqlstate && SQLSTATE_CODES[sqlstate]) code = SQLSTATE_CODES[sqlstate];
   else if (unavailable(sqlstate, message))
     return wrap('database_unavailable', unavailableMessage(sqlstate, message), error, statement);

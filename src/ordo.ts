@@ -240,6 +240,10 @@ export async function createOrdo(options: OrdoOptions = {}): Promise<Ordo> {
           connectionString: embedded?.url ?? (source.kind === 'url' ? source.url : undefined),
           max: config.poolSize,
           application_name: 'ordo',
+          connectionTimeoutMillis: config.connectTimeoutMs,
+          // Client-side, so that it also holds behind a pooler (which refuses statement_timeout
+          // as a startup parameter); the connection of a statement cut short is closed.
+          query_timeout: config.statementTimeoutMs,
         });
   const ownsPool = source.kind !== 'pool';
   // An idle connection that dies (server restart) must not crash the process; the next

@@ -327,7 +327,22 @@ describe('resolveConfig', () => {
       poolSize: 3,
       listenUrl: undefined,
       log: expect.any(Function),
+      connectTimeoutMs: 10_000,
+      statementTimeoutMs: 30_000,
     });
+  });
+
+  it('connectTimeout and statementTimeout: durations, bounded', () => {
+    const config = resolveConfig({ databaseUrl: URL_A, connectTimeout: '2s', statementTimeout: 1500 }, {});
+    expect([config.connectTimeoutMs, config.statementTimeoutMs]).toEqual([2000, 1500]);
+    refused(
+      () => resolveConfig({ databaseUrl: URL_A, connectTimeout: '0s' }, {}),
+      'connectTimeout must be a duration',
+    );
+    refused(
+      () => resolveConfig({ databaseUrl: URL_A, statementTimeout: 'soon' }, {}),
+      'statementTimeout must be a duration',
+    );
   });
 
   it('listenUrl: from the option, else ORDO_LISTEN_URL; a postgres URL, never echoed', () => {
