@@ -19,6 +19,24 @@ export function identifier(what: string, value: unknown): string {
   return value;
 }
 
+/** Half of a surrogate pair without its other half: UTF-8 cannot encode it. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+export const NOT_UNICODE = 'is not well-formed Unicode (a lone surrogate); it would be stored altered';
+
+/**
+ * A text PostgreSQL stores as it is: `min` to `max` characters, no NUL (PostgreSQL refuses
+ * it), no lone surrogate (UTF-8 cannot hold one: two different texts would become the same).
+ */
+export function text(what: string, value: unknown, min: number, max: number): string {
+  if (typeof value !== 'string' || value.length < min || value.length > max || value.includes('\u0000')) {
+    throw invalid(
+      `${what} must be a text of ${min > 0 ? `${min} to` : 'at most'} ${max} characters, without NUL (got ${describe(value)})`,
+    );
+  }
+  if (LONE_SURROGATE.test(value)) throw invalid(`${what} ${NOT_UNICODE}`);
+  return value;
+}
+
 export function safeInteger(what: string, value: unknown, min = -MAX_VALUE, max = MAX_VALUE): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min || value > max) {
     throw invalid(`${what} must be a whole number from ${min} to ${max} (got ${describe(value)})`);

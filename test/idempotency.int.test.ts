@@ -89,7 +89,11 @@ describe('idempotencyKey', () => {
       code: 'invalid_argument',
       message: expect.stringContaining('is batched: it takes no idempotency key'),
     });
-    for (const key of ['', 'x'.repeat(201), 7, 'a\u0000b', '\uD800']) {
+    await expect(ordo.sequences.next('inv', { idempotencyKey: 'a\uD800' })).rejects.toMatchObject({
+      code: 'invalid_argument',
+      message: 'idempotencyKey is not well-formed Unicode (a lone surrogate); it would be stored altered',
+    });
+    for (const key of ['', 'x'.repeat(201), 7, 'a\u0000b']) {
       await expect(ordo.sequences.next('inv', { idempotencyKey: key as string })).rejects.toMatchObject({
         code: 'invalid_argument',
         message: expect.stringContaining('idempotencyKey must be a text of 1 to 200 characters'),
@@ -97,6 +101,22 @@ describe('idempotencyKey', () => {
     }
     await expect(ordo.sequences.next('nope', { idempotencyKey: 'x' })).rejects.toMatchObject({
       code: 'sequence_not_found',
+    });
+  });
+
+  it('lone surrogates in scopes and throttle keys are refused: they would collapse into one counter or key', async () => {
+    for (const scope of ['\uD800', 'a\uDC00', '\uDBFF\uDBFF']) {
+      await expect(ordo.sequences.next('inv', { scope })).rejects.toMatchObject({
+        code: 'invalid_argument',
+        message: 'scope is not well-formed Unicode (a lone surrogate); it would be stored altered',
+      });
+    }
+    // A pair is a character like any other.
+    expect((await ordo.sequences.next('inv', { scope: '\uD83D\uDE00' })).value).toBe(1);
+    await ordo.throttles.define({ name: 'surrogates', concurrency: 5 });
+    await expect(ordo.throttles.acquire('surrogates', { key: '\uD800' })).rejects.toMatchObject({
+      code: 'invalid_argument',
+      message: 'key is not well-formed Unicode (a lone surrogate); it would be stored altered',
     });
   });
 

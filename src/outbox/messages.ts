@@ -1,4 +1,4 @@
-import { describe, invalid, knownKeys, plainObject } from '../validate.js';
+import { describe, invalid, knownKeys, NOT_UNICODE, plainObject, text } from '../validate.js';
 
 /** What an application appends. */
 export interface MessageInput {
@@ -70,10 +70,10 @@ export function toColumns(input: unknown): Columns {
     const what = list.length === 1 ? 'message' : `message ${i}`;
     const m = plainObject(what, item);
     knownKeys(what, m, MESSAGE_KEYS);
-    columns.types.push(text(`${what}.type`, m.type, 1));
+    columns.types.push(text(`${what}.type`, m.type, 1, 200));
     columns.data.push(json(`${what}.data`, m.data));
-    columns.keys.push(m.key == null ? null : text(`${what}.key`, m.key, 0));
-    columns.messageIds.push(m.messageId == null ? null : text(`${what}.messageId`, m.messageId, 1));
+    columns.keys.push(m.key == null ? null : text(`${what}.key`, m.key, 0, 200));
+    columns.messageIds.push(m.messageId == null ? null : text(`${what}.messageId`, m.messageId, 1, 200));
     columns.headers.push(
       m.headers === undefined ? '{}' : json(`${what}.headers`, plainObject(`${what}.headers`, m.headers)),
     );
@@ -81,19 +81,8 @@ export function toColumns(input: unknown): Columns {
   return columns;
 }
 
-/** Half of a surrogate pair without its other half: UTF-8 cannot encode it. */
-const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 /** JSON.stringify writes lone surrogates as \uD8xx–\uDFxx escapes (pairs it writes as they are). */
 const ESCAPED_SURROGATE = /(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F][0-9a-fA-F]{2}/;
-const NOT_UNICODE = 'is not well-formed Unicode (a lone surrogate); it would be stored altered';
-
-function text(what: string, value: unknown, min: number): string {
-  if (typeof value !== 'string' || value.length < min || value.length > 200) {
-    throw invalid(`${what} must be text of ${min} to 200 characters (got ${describe(value)})`);
-  }
-  if (LONE_SURROGATE.test(value)) throw invalid(`${what} ${NOT_UNICODE}`);
-  return value;
-}
 
 function json(what: string, value: unknown): string {
   let encoded: string | undefined;

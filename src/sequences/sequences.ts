@@ -2,7 +2,16 @@ import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
 import { OrdoError, sequenceNotFound } from '../errors.js';
-import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
+import {
+  boolean,
+  describe,
+  identifier,
+  invalid,
+  knownKeys,
+  plainObject,
+  safeInteger,
+  text,
+} from '../validate.js';
 import type { Notifications } from '../db/notifications.js';
 import { BatchedRegistry } from './batched-registry.js';
 import { Coalescer, type Issued, type Request } from './coalescer.js';
@@ -311,10 +320,7 @@ export class Sequences {
 function checkNext(name: string, options: NextOptions): Checked {
   const o = plainObject('next options', options);
   knownKeys('sequences.next', o, NEXT_KEYS);
-  const scope = o.scope ?? '';
-  if (typeof scope !== 'string' || scope.length > MAX_SCOPE_LENGTH || scope.includes('\u0000')) {
-    throw invalid(`scope must be a text of at most ${MAX_SCOPE_LENGTH} characters (got ${describe(scope)})`);
-  }
+  const scope = text('scope', o.scope ?? '', 0, MAX_SCOPE_LENGTH);
   return {
     name: identifier('name', name),
     scope,
@@ -325,18 +331,7 @@ function checkNext(name: string, options: NextOptions): Checked {
 }
 
 function checkKey(key: unknown): string {
-  if (
-    typeof key !== 'string' ||
-    key.length === 0 ||
-    key.length > MAX_IDEMPOTENCY_KEY_LENGTH ||
-    key.includes('\u0000') ||
-    /[\uD800-\uDFFF]/.test(key.replace(/[\uD800-\uDBFF][\uDC00-\uDFFF]/g, ''))
-  ) {
-    throw invalid(
-      `idempotencyKey must be a text of 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters, such as a UUID (got ${describe(key)})`,
-    );
-  }
-  return key;
+  return text('idempotencyKey', key, 1, MAX_IDEMPOTENCY_KEY_LENGTH);
 }
 
 /** A date, or a date-time with an explicit offset: a local time without one would be read in the Node process's zone. */

@@ -3,7 +3,7 @@ import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
 import { OrdoError, toOrdoError } from '../errors.js';
-import { boolean, describe, identifier, invalid, knownKeys, plainObject } from '../validate.js';
+import { boolean, describe, identifier, invalid, knownKeys, plainObject, text } from '../validate.js';
 import {
   type DefineThrottleOptions,
   type ThrottleDefinition,
@@ -206,8 +206,8 @@ export class Throttles {
     const o = plainObject('acquire options', options);
     knownKeys('throttles.acquire', o, ACQUIRE_KEYS);
     const checkedName = identifier('name', name);
-    const key = text('key', o.key ?? '', 0);
-    const holder = text('holder', o.holder ?? this.defaultHolder, 1);
+    const key = text('key', o.key ?? '', 0, MAX_TEXT);
+    const holder = text('holder', o.holder ?? this.defaultHolder, 1, MAX_TEXT);
     const r =
       o.tx === undefined
         ? await this.inFlight.track(this.shared.submit({ kind: 'acquire', name: checkedName, key, holder }))
@@ -331,7 +331,7 @@ export class Throttles {
   async state(name: string, key = ''): Promise<ThrottleState> {
     this.ensureOpen();
     const checkedName = identifier('name', name);
-    const checkedKey = text('key', key, 0);
+    const checkedKey = text('key', key, 0, MAX_TEXT);
     const { rows } = await this.query(this.pool, this.plans.state, [checkedName, checkedKey]);
     const r = rows[0];
     const date = (v: unknown) => (v === null || v === undefined ? null : new Date(v as string));
@@ -450,20 +450,6 @@ export function throttleNotFound(name: string): OrdoError {
 
 function db(pool: pg.Pool, tx: unknown): Queryable {
   return tx === undefined ? pool : asQueryable(tx);
-}
-
-function text(what: string, value: unknown, minLength: number): string {
-  if (
-    typeof value !== 'string' ||
-    value.length < minLength ||
-    value.length > MAX_TEXT ||
-    value.includes('\u0000')
-  ) {
-    throw invalid(
-      `${what} must be a text of ${minLength > 0 ? `${minLength} to` : 'at most'} ${MAX_TEXT} characters, without NUL (got ${describe(value)})`,
-    );
-  }
-  return value;
 }
 
 function permitId(id: unknown): string {
