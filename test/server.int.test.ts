@@ -728,6 +728,9 @@ describe('errors: every code the HTTP API answers, with its status and { code, m
       'multipart/form-data; boundary=x',
       'application/octet-stream',
       'text/json',
+      // JSON declared in another encoding: refused rather than read as UTF-8.
+      'application/json; charset=utf-16',
+      'application/json; charset="latin1"',
     ]) {
       check(
         await api('POST', '/v1/sequences/taken/next', { body: '{"count":1}', contentType }),
@@ -736,6 +739,22 @@ describe('errors: every code the HTTP API answers, with its status and { code, m
       check(await api('PUT', '/v1/sequences/media', { body: '{}', contentType }), 'unsupported_media_type');
     }
     expectError(await api('GET', '/v1/sequences/media'), 'sequence_not_found');
+    check(
+      await api('PUT', '/v1/sequences/media', {
+        body: '{}',
+        contentType: 'application/json; charset=utf-16',
+      }),
+      'unsupported_media_type',
+      'bodies must be UTF-8 JSON (got charset=utf-16)',
+    );
+    expect(
+      (
+        await api('PUT', '/v1/sequences/media', {
+          body: '{}',
+          contentType: 'application/json; charset=UTF-8',
+        })
+      ).status,
+    ).toBe(200);
   });
 
   it('timeout 503: a batched sequence with timeout 0', async () => {
@@ -955,6 +974,19 @@ describe('listening beyond loopback', () => {
     expect(insecure.logs()).toContainEqual(
       expect.objectContaining({ msg: 'ordo is listening', url: `http://0.0.0.0:${insecure.port}` }),
     );
+    // Listening everywhere with every route open is said, loudly; with tokens it is not.
+    expect(insecure.logs()).toContainEqual(
+      expect.objectContaining({
+        level: 40,
+        msg: expect.stringContaining('/v1/query included, is open to anyone'),
+      }),
+    );
+    expect(withTokens.logs().filter((l) => l.level === 40)).toEqual([]);
+    // A token put in a query string never reaches the access log.
+    await http(insecure.url, 'GET', '/v1/sequences?access_token=secret-in-query');
+    await sleep(100);
+    expect(insecure.output()).not.toContain('secret-in-query');
+    expect(insecure.logs()).toContainEqual(expect.objectContaining({ msg: 'request', url: '/v1/sequences' }));
     expectError(await http(withTokens.url, 'GET', '/v1/sequences'), 'unauthorized');
     expect((await http(withTokens.url, 'GET', '/v1/sequences', { token: READER })).status).toBe(200);
     expect((await http(insecure.url, 'GET', '/v1/sequences')).status).toBe(200);

@@ -91,6 +91,12 @@ const COMMANDS: Record<string, Command> = {
       const address = app.server.address();
       const where = typeof address === 'object' && address ? `${host}:${address.port}` : host;
       app.log.info({ url: `http://${where}` }, 'ordo is listening');
+      if (!loopback(host) && tokensFrom(flags).length === 0) {
+        app.log.warn(
+          { host },
+          `--insecure: every route, /v1/query included, is open to anyone who can reach ${host}; set ORDO_TOKENS or --tokens-file`,
+        );
+      }
       // Finds out now, not at the first subscription, whether notifications arrive (a pooler).
       void ordo.notifications().catch(() => undefined);
       await new Promise<void>((resolve) => {

@@ -224,6 +224,11 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
 
   app.addHook('onRequest', async (request) => {
     if (closing) throw new OrdoError('closed', 'the server is shutting down');
+    // Bodies are read as UTF-8 whatever the header says: refuse one declared otherwise.
+    const charset = /;\s*charset="?([^";\s]+)/i.exec(request.headers['content-type'] ?? '')?.[1];
+    if (charset !== undefined && !/^utf-?8$/i.test(charset)) {
+      throw new OrdoError('unsupported_media_type', `bodies must be UTF-8 JSON (got charset=${charset})`);
+    }
     const scope = request.routeOptions.config.scope;
     if (!scope || tokens.length === 0) return;
     const token = authenticate(tokens, request.headers.authorization);
@@ -243,7 +248,8 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     request.log.info(
       {
         method: request.method,
-        url: request.url,
+        // The path only: a query string may carry what must not be logged (a token put there).
+        url: request.url.split('?')[0],
         status: reply.statusCode,
         ms: Math.round(reply.elapsedTime * 10) / 10,
       },
