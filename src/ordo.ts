@@ -41,7 +41,7 @@ export class Ordo {
   readonly database: DatabaseInfo;
   private closing: Promise<void> | undefined;
   private closed = false;
-  private readonly inFlight = new InFlight();
+  private readonly inFlight: InFlight;
   private readonly listener: Notifications;
   private readonly givenUrl: string | undefined;
   private readonly maintainStatement: string;
@@ -58,6 +58,7 @@ export class Ordo {
     this.schema = config.schema;
     this.nodeId = config.nodeId;
     this.database = describeDatabase(config, embedded);
+    this.inFlight = new InFlight(config.connectTimeoutMs);
     this.maintainStatement = `SELECT what, deleted FROM ${quoteIdent(config.schema)}.maintain()`;
     this.maintenance = setInterval(() => void this.maintain().catch(() => undefined), MAINTAIN_EVERY_MS);
     this.maintenance.unref();

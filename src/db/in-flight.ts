@@ -1,4 +1,6 @@
-import { toOrdoError } from '../errors.js';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { neverSent, toOrdoError } from '../errors.js';
+import { backoffDelay } from './backoff.js';
 import type { Queryable } from './queryable.js';
 
 /**
@@ -8,6 +10,9 @@ import type { Queryable } from './queryable.js';
 export class InFlight {
   private readonly pending = new Set<Promise<unknown>>();
 
+  /** @param retryMs how long a statement that never reached the server is tried again (0: never). */
+  constructor(private readonly retryMs = 0) {}
+
   track<T>(work: Promise<T>): Promise<T> {
     this.pending.add(work);
     const forget = () => this.pending.delete(work);
@@ -15,14 +20,23 @@ export class InFlight {
     return work;
   }
 
-  /** One statement, tracked; its error becomes an OrdoError with the statement attached. */
-  query(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
+  /**
+   * One statement, tracked; its error becomes an OrdoError with the statement attached. A
+   * statement that never reached the server (no connection could be opened: a restart, a full
+   * server) is sent again with back-off for up to `retryMs`: that cannot run it twice.
+   */
+  query(db: Queryable, text: string, values: unknown[], retryMs = this.retryMs): Promise<{ rows: any[] }> {
     return this.track(
       (async () => {
-        try {
-          return await db.query(text, values);
-        } catch (e) {
-          throw toOrdoError(e, text);
+        const deadline = performance.now() + retryMs;
+        for (let attempt = 0; ; attempt++) {
+          try {
+            return await db.query(text, values);
+          } catch (e) {
+            const left = deadline - performance.now();
+            if (!neverSent(e) || left <= 0) throw toOrdoError(e, text);
+            await sleep(Math.min(backoffDelay(attempt + 3), left));
+          }
         }
       })(),
     );

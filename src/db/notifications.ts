@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
 import type pg from 'pg';
 import type { Log } from '../config.js';
-import { backoffDelay } from '../sequences/batched.js';
+import { backoffDelay } from './backoff.js';
 import { quoteIdent } from './migrations.js';
 
 /** What a caller hears on a channel: a payload, or that anything may have been missed. */

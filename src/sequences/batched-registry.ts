@@ -6,7 +6,7 @@ import { Allocator, type Reservation } from './batched.js';
 import type { SequenceDefinition } from './definitions.js';
 import type { SequencePlans } from './plans.js';
 
-type Run = (db: Queryable, text: string, values: unknown[]) => Promise<{ rows: any[] }>;
+type Run = (db: Queryable, text: string, values: unknown[], retryMs?: number) => Promise<{ rows: any[] }>;
 
 /** How often a node re-reads the epochs of the sequences it holds ranges of. */
 const EPOCH_CHECK_MS = 2000;
@@ -82,7 +82,8 @@ export class BatchedRegistry {
     if (dedicated) this.reserverBusy = true;
     let rows: any[];
     try {
-      ({ rows } = await this.run(dedicated ?? this.pool, this.plans.reserve, [name, this.nodeId, waitMs]));
+      // Not retried here: the allocator retries reservations itself, within the sequence's TIMEOUT.
+      ({ rows } = await this.run(dedicated ?? this.pool, this.plans.reserve, [name, this.nodeId, waitMs], 0));
     } finally {
       if (dedicated) this.reserverBusy = false;
     }

@@ -1,5 +1,6 @@
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { backoffDelay } from '../db/backoff.js';
 import { closedError, OrdoError, type OrdoErrorCode } from '../errors.js';
 
 /** A range reserved by one nextval() on the sequence's storage: first, first + increment, …, last. */
@@ -16,13 +17,7 @@ export interface Reservation {
 /** Reserves a range; `waitMs` bounds how long the statement may wait for a lock. */
 export type Reserve = (name: string, waitMs: number | null) => Promise<Reservation>;
 
-export const BACKOFF_BASE_MS = 10;
-export const BACKOFF_CAP_MS = 1000;
-
-/** Exponential back-off with full jitter: a random delay in [0, min(cap, base · 2^attempt)]. */
-export function backoffDelay(attempt: number, random: () => number = Math.random): number {
-  return random() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** attempt);
-}
+export { BACKOFF_BASE_MS, BACKOFF_CAP_MS, backoffDelay } from '../db/backoff.js';
 
 /** Failures worth another try: the database was busy, unreachable, or changed under us. */
 const RETRYABLE = new Set<OrdoErrorCode>(['timeout', 'database_unavailable', 'database_error']);

@@ -87,7 +87,7 @@ export class Sequences {
       pool,
       plans,
       nodeId,
-      (db, text, values) => this.run(db, text, values),
+      (db, text, values, retryMs) => this.run(db, text, values, retryMs),
       isClosed,
       (name) => this.forget(name),
       notifications,
@@ -312,8 +312,8 @@ export class Sequences {
   }
 
   /** Every statement goes through here: errors become OrdoErrors, and close() waits for it. */
-  private run(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
-    return this.inFlight.query(db, text, values);
+  private run(db: Queryable, text: string, values: unknown[], retryMs?: number): Promise<{ rows: any[] }> {
+    return this.inFlight.query(db, text, values, retryMs);
   }
 }
 
