@@ -253,6 +253,29 @@ const anyDefineBody = fc.record(
       fc.oneof(
         textValue,
         textValue.map((t) => `${t}{n}`),
+        // Tokens inside tokens and stray braces: '{n:{YYYY}{MM}{DD}}' once rendered 20 MB.
+        fc
+          .array(
+            fc.constantFrom(
+              '{',
+              '}',
+              '{n',
+              '{n:',
+              ':',
+              '{YYYY}',
+              '{MM}',
+              '{DD}',
+              '{YY}',
+              '{n}',
+              '{n:6}',
+              '{scope}',
+              'x',
+            ),
+            {
+              maxLength: 10,
+            },
+          )
+          .map((pieces) => pieces.join('')),
       ),
     ),
     // Small ranges with a large count make thousands of round trips: slow, not wrong.
