@@ -14,6 +14,10 @@ await ordo.sequences.define({
   ifNotExists: true,
 });
 
+// Ticket numbers that never reset, usable from SQL too, as a column default:
+//   CREATE TABLE tickets (id bigint PRIMARY KEY DEFAULT ordo.nextval('ticket'), title text);
+await ordo.sequences.define({ name: 'ticket', ifNotExists: true });
+
 // Inside your transaction: a rollback gives the number back.
 const draft = await ordo
   .transaction(async (tx) => {
