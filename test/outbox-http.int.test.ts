@@ -139,7 +139,12 @@ describe('GET /v1/subscriptions/:name', () => {
     const deadline = Date.now() + 10_000;
     while (received.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
     expect(received.map((m) => m.type)).toEqual(['T']);
-    const after = (await call('GET', '/v1/subscriptions/http-lag', READER)).json();
+    // The handler has run; its checkpoint commits just after it returns.
+    let after = (await call('GET', '/v1/subscriptions/http-lag', READER)).json();
+    while (after.delivered === 0 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 20));
+      after = (await call('GET', '/v1/subscriptions/http-lag', READER)).json();
+    }
     expect(after).toMatchObject({ messagesBehind: 0, blockedBy: null, delivered: 1 });
     const list = await call('GET', '/v1/subscriptions', READER);
     expect(list.json().map((s: { name: string }) => s.name)).toContain('http-lag');
