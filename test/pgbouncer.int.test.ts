@@ -3,7 +3,6 @@
 // the pool as soon as the statement ends and its notifications go nowhere. Every primitive must
 // keep its guarantees through it; notifications must either take the direct route (listenUrl)
 // or be found lost, said once, and replaced by short polling.
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -12,6 +11,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type LogEntry, type Ordo, type OrdoOptions } from '../src/index.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import { type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
+import { runCli, startServer } from './support/server-process.js';
 
 const DATABASE = 'ordo_pgbouncer';
 
@@ -150,20 +150,6 @@ function drawer(o: Ordo, name: string): Drawer {
   return d;
 }
 
-/** The CLI from source, as a child process (not spawnSync: PgBouncer's answers need this loop). */
-function cli(...args: string[]): Promise<{ code: number | null; out: string; err: string }> {
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', 'test/support/ordo-cli.ts', ...args], {
-      env: { ...process.env, DATABASE_URL: '', ORDO_DATABASE_URL: '', ORDO_LISTEN_URL: '' },
-    });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (err += c.toString()));
-    child.on('close', (code) => resolve({ code, out, err }));
-  });
-}
-
 const routes = [
   { route: 'listenUrl', state: 'ok', options: () => ({ listenUrl: directUrl }) },
   { route: 'database', state: 'lost', options: () => ({}) },
@@ -263,8 +249,8 @@ describe('ordo.notifications()', () => {
 
   it('ordo status --json reports them as notifications, with and without --listen-url', async () => {
     const [lost, ok] = await Promise.all([
-      cli('status', '--json', '--database-url', bouncerUrl),
-      cli('status', '--json', '--database-url', bouncerUrl, '--listen-url', directUrl),
+      runCli(['status', '--json', '--database-url', bouncerUrl]),
+      runCli(['status', '--json', '--database-url', bouncerUrl, '--listen-url', directUrl]),
     ]);
     expect(lost.code, lost.err).toBe(0);
     expect(ok.code, ok.err).toBe(0);
@@ -275,6 +261,24 @@ describe('ordo.notifications()', () => {
       state: 'ok',
       message: null,
     });
+  });
+
+  it('ordo serve through PgBouncer logs one notifications_lost warning at start, none with --listen-url', async () => {
+    const [lost, ok] = await Promise.all([
+      startServer({ databaseUrl: bouncerUrl }),
+      startServer({ databaseUrl: bouncerUrl, args: ['--listen-url', directUrl] }),
+    ]);
+    try {
+      const warned = (s: typeof lost) => s.logs().filter((l) => l.code === 'notifications_lost');
+      await until('the warning is logged', () => warned(lost).length > 0, 10_000);
+      // Long enough for the other one's probe to have come back (or not).
+      await sleep(3500);
+      expect(warned(lost)).toHaveLength(1);
+      expect(warned(lost)[0]).toMatchObject({ level: 40, msg: expect.stringContaining('listenUrl') });
+      expect(warned(ok)).toEqual([]);
+    } finally {
+      await Promise.all([lost.stop('SIGINT'), ok.stop('SIGINT')]);
+    }
   });
 });
 
