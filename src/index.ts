@@ -1,6 +1,15 @@
 export type { EmbeddedOptions, Log, LogEntry, OrdoOptions } from './config.js';
 export type { NotificationState, NotificationStatus } from './db/notifications.js';
-export type { Queryable } from './db/queryable.js';
+export {
+  type DrizzleTransaction,
+  fromDrizzle,
+  fromKysely,
+  fromPostgresJs,
+  fromRawSql,
+  type KyselyTransaction,
+  type PostgresJsTransaction,
+} from './db/drivers.js';
+export type { Queryable, Tx } from './db/queryable.js';
 export { ERROR_CODES, OrdoError, type OrdoErrorCode } from './errors.js';
 export { createOrdo, type DatabaseInfo, Ordo } from './ordo.js';
 export type { Handler, HandlerContext, SubscriptionEnd } from './outbox/consumer.js';

@@ -1,17 +1,26 @@
-import { invalid } from '../validate.js';
+import {
+  type DrizzleTransaction,
+  type KyselyTransaction,
+  type PostgresJsTransaction,
+  recognise,
+} from './drivers.js';
 
 /**
  * The one thing ordo needs from a connection: run a statement with parameters and return
- * rows. A `pg` Pool, Client or PoolClient fits as it is; adapters for other drivers only
- * need this method.
+ * rows, as node-postgres does (a `pg` Pool, Client or PoolClient fits as it is). The
+ * adapters in drivers.ts give other drivers this method.
  */
 export interface Queryable {
   query(text: string, values?: unknown[]): Promise<{ rows: any[] }>;
 }
 
+/**
+ * Every `tx` ordo accepts: a pg client, a postgres.js, Kysely or Drizzle transaction as it
+ * is, or any Queryable (such as an adapter's).
+ */
+export type Tx = Queryable | PostgresJsTransaction | KyselyTransaction | DrizzleTransaction;
+
+/** A caller's `tx` as the method ordo calls, or invalid_argument saying what is accepted. */
 export function asQueryable(tx: unknown): Queryable {
-  if (typeof (tx as Queryable | null)?.query !== 'function') {
-    throw invalid('tx must be a pg Client/PoolClient or an object with query(text, values)');
-  }
-  return tx as Queryable;
+  return recognise(tx);
 }
