@@ -114,8 +114,7 @@ const BEFORE_SENDING = new Set([
   'EMFILE',
   'ENFILE',
 ]);
-const LOST_CONNECTION =
-  /Connection terminated|connection timeout|Client has encountered a connection error|timeout exceeded when trying to connect/i;
+const LOST_CONNECTION = /Connection terminated|connection timeout|Client has encountered a connection error/i;
 
 /**
  * Turns anything thrown by the driver into an OrdoError. The statement text is attached
@@ -133,6 +132,14 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
     return wrap(
       'sequence_not_found',
       'The sequence was removed while a value was being taken',
+      error,
+      statement,
+    );
+  }
+  if (/timeout exceeded when trying to connect/i.test(message)) {
+    return wrap(
+      'timeout',
+      'No connection to PostgreSQL could be opened, or freed by other calls, within connectTimeout; retry later',
       error,
       statement,
     );

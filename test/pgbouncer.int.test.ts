@@ -571,60 +571,54 @@ describe('throttles through PgBouncer', () => {
     });
   });
 
-  // KNOWN (src/throttles/throttles.ts, prepared()): standalone acquires and completions share a
-  // *named* prepared statement. PgBouncer before 1.21 (and later ones without
-  // max_prepared_statements) forwards Parse to one server connection and a later Bind to
-  // another: 26000 "prepared statement … does not exist" or 42P05 "… already exists". The
-  // batcher then serves every caller one by one, so answers stay right, but each shared
-  // statement fails first. `.fails` until src no longer names the statement behind a pooler:
-  // then remove `.fails`.
-  it.fails(
-    'a shared throttle statement parsed on one server connection runs on another without an error',
-    async () => {
-      const errors: string[] = [];
-      class Recording extends pg.Client {
-        override query(...args: any[]): any {
-          const last = args.at(-1);
-          if (typeof last === 'function') {
-            args[args.length - 1] = (e: any, r: unknown) => {
-              if (e) errors.push(`${e.code}: ${e.message}`);
-              last(e, r);
-            };
-          }
-          return (super.query as (...a: unknown[]) => unknown).apply(this, args);
+  // Standalone acquires and completions once shared a *named* prepared statement. PgBouncer
+  // before 1.21 (and later ones without max_prepared_statements) forwards Parse to one server
+  // connection and a later Bind to another: 26000 "prepared statement … does not exist" or
+  // 42P05 "… already exists". ordo's statements are unnamed now; this keeps them so.
+  it('a shared throttle statement parsed on one server connection runs on another without an error', async () => {
+    const errors: string[] = [];
+    class Recording extends pg.Client {
+      override query(...args: any[]): any {
+        const last = args.at(-1);
+        if (typeof last === 'function') {
+          args[args.length - 1] = (e: any, r: unknown) => {
+            if (e) errors.push(`${e.code}: ${e.message}`);
+            last(e, r);
+          };
         }
+        return (super.query as (...a: unknown[]) => unknown).apply(this, args);
       }
-      // A database of its own, so PgBouncer's server connections for it are new: none has parsed
-      // the statement for another test. One connection in ordo's pool: its statements are parsed
-      // once, on whichever server connection PgBouncer gives it.
-      const admin = new pg.Client({ connectionString: server.url });
-      await admin.connect();
-      await admin.query('CREATE DATABASE ordo_pgbouncer_prepared');
-      await admin.end();
-      const url = onDatabase(bouncer.url, 'ordo_pgbouncer_prepared');
-      const { ordo } = await open({ databaseUrl: undefined, pool: poolOn(url, 1, Recording) });
-      await ordo.throttles.define({ name: 'prepared', concurrency: 100 });
-      // Two server connections held by open transactions: ordo's first shared statement is
-      // parsed on the third.
-      const holders = poolOn(url, 3);
-      const hold = async () => {
-        const c = await holders.connect();
-        await c.query('BEGIN');
-        const pid = (await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
-        return { pid, release: async () => (await c.query('COMMIT'), c.release()) };
-      };
-      const [h1, h2] = [await hold(), await hold()];
-      const first = await ordo.throttles.acquire('prepared', { key: 'a' });
-      expect(first.granted).toBe(true);
-      await h1.release();
-      await h2.release();
-      // Now hold the third (the one that parsed it) and send the next shared statement.
-      const three = [await hold(), await hold(), await hold()];
-      for (const h of three) if (h.pid === h1.pid || h.pid === h2.pid) await h.release();
-      const second = await ordo.throttles.acquire('prepared', { key: 'b' });
-      for (const h of three) if (h.pid !== h1.pid && h.pid !== h2.pid) await h.release();
-      expect(second.granted).toBe(true);
-      expect(errors).toEqual([]);
-    },
-  );
+    }
+    // A database of its own, so PgBouncer's server connections for it are new: none has parsed
+    // the statement for another test. One connection in ordo's pool: its statements are parsed
+    // once, on whichever server connection PgBouncer gives it.
+    const admin = new pg.Client({ connectionString: server.url });
+    await admin.connect();
+    await admin.query('CREATE DATABASE ordo_pgbouncer_prepared');
+    await admin.end();
+    const url = onDatabase(bouncer.url, 'ordo_pgbouncer_prepared');
+    const { ordo } = await open({ databaseUrl: undefined, pool: poolOn(url, 1, Recording) });
+    await ordo.throttles.define({ name: 'prepared', concurrency: 100 });
+    // Two server connections held by open transactions: ordo's first shared statement is
+    // parsed on the third.
+    const holders = poolOn(url, 3);
+    const hold = async () => {
+      const c = await holders.connect();
+      await c.query('BEGIN');
+      const pid = (await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
+      return { pid, release: async () => (await c.query('COMMIT'), c.release()) };
+    };
+    const [h1, h2] = [await hold(), await hold()];
+    const first = await ordo.throttles.acquire('prepared', { key: 'a' });
+    expect(first.granted).toBe(true);
+    await h1.release();
+    await h2.release();
+    // Now hold the third (the one that parsed it) and send the next shared statement.
+    const three = [await hold(), await hold(), await hold()];
+    for (const h of three) if (h.pid === h1.pid || h.pid === h2.pid) await h.release();
+    const second = await ordo.throttles.acquire('prepared', { key: 'b' });
+    for (const h of three) if (h.pid !== h1.pid && h.pid !== h2.pid) await h.release();
+    expect(second.granted).toBe(true);
+    expect(errors).toEqual([]);
+  });
 });

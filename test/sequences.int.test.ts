@@ -71,6 +71,23 @@ describe('definitions and transactions through the public API', () => {
   });
 });
 
+describe('every pooled connection lent to a transaction', () => {
+  it('12 transactions on a pool of 6 each take a number of a sequence this client has not looked up yet', async () => {
+    await ordo.sequences.define({ name: 'lent' });
+    // A fresh client: nothing cached. Its pool's six connections are all lent to transactions,
+    // whose next() must not wait for a seventh to look the definition up.
+    const fresh = await createOrdo({ databaseUrl: db.url, poolSize: 6, connectTimeout: '3s' });
+    try {
+      const values = await Promise.all(
+        Array.from({ length: 12 }, () => fresh.transaction((tx) => fresh.nextval('lent', { tx }))),
+      );
+      expect([...values].sort((a, b) => a - b)).toEqual(Array.from({ length: 12 }, (_, i) => i + 1));
+    } finally {
+      await fresh.close();
+    }
+  });
+});
+
 describe('close()', () => {
   it('lets a transaction begun before close() finish with its own tx, then refuses new calls', async () => {
     const other = await createOrdo({ databaseUrl: db.url, poolSize: 2 });

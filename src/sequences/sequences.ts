@@ -218,7 +218,7 @@ export class Sequences {
   private async take(name: string, count: number, options: NextOptions, retried = false): Promise<Issued[]> {
     this.ensureOpen(options?.tx !== undefined);
     const c = checkNext(name, options);
-    const definition = await this.definition(c.name);
+    const definition = await this.definition(c.name, c.tx);
     try {
       if (definition.kind === 'batched') return await this.takeBatched(definition, c, count);
       if (c.idempotencyKey !== undefined) return await this.takeOnce(c.tx ?? this.pool, c, count);
@@ -253,10 +253,15 @@ export class Sequences {
     return issued;
   }
 
-  private definition(name: string): Promise<SequenceDefinition> {
+  /**
+   * The definition, cached. Looked up through the caller's transaction when there is one: with
+   * every pooled connection lent to transactions that each take a number, a lookup on the pool
+   * would wait behind them all.
+   */
+  private definition(name: string, tx?: Queryable): Promise<SequenceDefinition> {
     let known = this.definitions.get(name);
     if (!known) {
-      known = this.run(this.pool, this.plans.get, [name]).then(({ rows }) => {
+      known = this.run(tx ?? this.pool, this.plans.get, [name]).then(({ rows }) => {
         if (!rows[0]) throw sequenceNotFound(name);
         return toDefinition(rows[0]);
       });

@@ -2,7 +2,7 @@ import { hostname } from 'node:os';
 import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable } from '../db/queryable.js';
-import { OrdoError, toOrdoError } from '../errors.js';
+import { OrdoError } from '../errors.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, text } from '../validate.js';
 import {
   type DefineThrottleOptions,
@@ -107,7 +107,6 @@ export class Throttles {
   private readonly runCalls: PermitCalls;
   /** Standalone acquires and completions, coalesced into shared statements. */
   private readonly shared: Batcher<Job, Record<string, any>>;
-  private readonly statementPrefix: string;
 
   /** @internal */
   constructor(
@@ -118,7 +117,6 @@ export class Throttles {
     nodeId: string,
   ) {
     this.plans = throttlePlans(schema);
-    this.statementPrefix = `ordo_throttles_${schema}_`;
     // Two statements in flight: both cores of a small server busy, and big batches (on a hot
     // key one lock and one commit serve a whole batch). More callers share them.
     const poolSize = (pool as { options?: { max?: number } }).options?.max ?? 10;
@@ -388,7 +386,7 @@ export class Throttles {
       else decide.push(i);
     }
     const acquires = decide.map((i) => jobs[i] as Extract<Job, { kind: 'acquire' }>);
-    const { rows } = await this.prepared('batch', this.plans.batch, [
+    const { rows } = await this.query(this.pool, this.plans.batch, [
       ids,
       acquires.map((a) => a.name),
       acquires.map((a) => a.key),
@@ -425,22 +423,6 @@ export class Throttles {
   /** Every statement goes through here: errors become OrdoErrors, and close() waits for it. */
   private query(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
     return this.inFlight.query(db, text, values);
-  }
-
-  /**
-   * The hot statements on ordo's own pool, as named prepared statements: each connection
-   * parses and plans them once.
-   */
-  private prepared(name: string, text: string, values: unknown[]): Promise<{ rows: any[] }> {
-    return this.inFlight.track(
-      (async () => {
-        try {
-          return await this.pool.query({ name: `${this.statementPrefix}${name}`, text, values });
-        } catch (e) {
-          throw toOrdoError(e, text);
-        }
-      })(),
-    );
   }
 }
 
