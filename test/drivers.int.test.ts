@@ -6,7 +6,7 @@
 import { drizzle as drizzleNodePg } from 'drizzle-orm/node-postgres';
 import { integer, pgTable } from 'drizzle-orm/pg-core';
 import { drizzle as drizzlePostgresJs } from 'drizzle-orm/postgres-js';
-import { CamelCasePlugin, Kysely, PostgresDialect } from 'kysely';
+import { CamelCasePlugin, Kysely, type KyselyPlugin, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -31,6 +31,7 @@ let pool: pg.Pool;
 /** Every postgres.js instance made here, ended in afterAll. */
 const instances: postgres.Sql[] = [];
 let kyselyOnPg: Kysely<Record<string, never>>;
+let rawPool: pg.Pool | undefined;
 
 class Rollback extends Error {}
 
@@ -68,6 +69,30 @@ const drivers: Driver[] = [
     },
   },
   {
+    // Its pool parses nothing (every value a string): ordo still reads rows with pg's defaults.
+    name: 'pg PoolClient of a pool with its own type parsers',
+    pgRows: true,
+    async transaction(fn) {
+      rawPool ??= new pg.Pool({
+        connectionString: db.url,
+        max: 2,
+        types: { getTypeParser: () => (text: string) => text },
+      });
+      const client = await rawPool.connect();
+      try {
+        await client.query('BEGIN');
+        const value = await fn(client);
+        await client.query('COMMIT');
+        return value;
+      } catch (e) {
+        await client.query('ROLLBACK');
+        throw e;
+      } finally {
+        client.release();
+      }
+    },
+  },
+  {
     name: 'postgres.js sql.begin',
     pgRows: true,
     transaction: (fn) => sqlOf('plain').begin((tx) => fn(asIs(tx))) as never,
@@ -91,7 +116,7 @@ const drivers: Driver[] = [
     },
   },
   {
-    name: 'Kysely on pg, CamelCasePlugin',
+    name: 'Kysely on pg, with plugins',
     pgRows: true,
     transaction: (fn) => kyselyOnPg.transaction().execute((trx) => fn(asIs(trx))),
   },
@@ -158,16 +183,29 @@ function kyselyOf(_: 'kysely'): Kysely<Record<string, never>> {
   return kyselyOnPostgresJs;
 }
 
+/** A plugin that adds a column to every row: ordo's statements must not go through plugins. */
+const tagging: KyselyPlugin = {
+  transformQuery: ({ node }) => node,
+  transformResult: async ({ result }) => ({
+    ...result,
+    rows: result.rows.map((r) => ({ ...r, tagged: true })),
+  }),
+};
+
 beforeAll(async () => {
   db = await freshDatabase('ordo_drivers');
   ordo = await createOrdo({ databaseUrl: db.url });
   pool = db.pool(6);
-  kyselyOnPg = new Kysely({ dialect: new PostgresDialect({ pool }), plugins: [new CamelCasePlugin()] });
+  kyselyOnPg = new Kysely({
+    dialect: new PostgresDialect({ pool }),
+    plugins: [new CamelCasePlugin(), tagging],
+  });
 });
 
 afterAll(async () => {
   await ordo?.close();
   await Promise.all(instances.map((sql) => sql.end({ timeout: 1 })));
+  await rawPool?.end();
   await db?.drop();
 });
 
@@ -434,6 +472,12 @@ describe('each driver next to pg', () => {
     ).toEqual([expected]);
     const drizzle = drizzlePostgresJs({ client: sqlOf('drizzle') });
     expect((await drizzle.transaction((tx) => fromDrizzle(tx).query(text, values))).rows).toEqual([expected]);
+    const reserved = await sqlOf('plain').reserve();
+    try {
+      expect((await fromPostgresJs(reserved).query(text, values)).rows).toEqual([expected]);
+    } finally {
+      reserved.release();
+    }
     const nested = await drizzle.transaction((tx) =>
       tx.transaction((inner) => fromDrizzle(inner).query(text, values)),
     );
@@ -498,7 +542,8 @@ describe('a tx that is not a transaction', () => {
     expect(typeof withSchema.query.things.findMany).toBe('function');
     await refused(withSchema, /Drizzle database, not a transaction: pass the tx of db\.transaction\(/);
     await refused(drizzlePostgresJs({ client: sqlOf('drizzle') }), /Drizzle database, not a transaction/);
-    expect(() => fromDrizzle(withSchema as never)).toThrow(/Drizzle database, not a transaction/);
+    // @ts-expect-error: the compiler refuses a database too (it has no rollback()).
+    expect(() => fromDrizzle(withSchema)).toThrow(/Drizzle database, not a transaction/);
   });
 
   it('a Kysely instance outside a transaction is refused', async () => {
@@ -506,12 +551,14 @@ describe('a tx that is not a transaction', () => {
       kyselyOnPg,
       /Kysely instance, not a transaction: pass the trx of db\.transaction\(\)\.execute/,
     );
-    expect(() => fromKysely(kyselyOnPg as never)).toThrow(OrdoError);
+    // @ts-expect-error: the compiler refuses it too (isTransaction is not true).
+    expect(() => fromKysely(kyselyOnPg)).toThrow(OrdoError);
   });
 
   it('a postgres.js pool (sql itself) is refused: its statements could run on any connection', async () => {
     await refused(sqlOf('plain'), /postgres\.js sql pool, not a transaction: pass the tx of sql\.begin/);
-    expect(() => fromPostgresJs(sqlOf('plain') as never)).toThrow(/sql\.reserve\(\)/);
+    // @ts-expect-error: the compiler refuses it too (no savepoint(), no release()).
+    expect(() => fromPostgresJs(sqlOf('plain'))).toThrow(/sql\.reserve\(\)/);
   });
 
   it('anything else is refused with the list of what is accepted', async () => {
