@@ -44,52 +44,40 @@ interface Driver {
 }
 
 /**
- * ordo's option types name Queryable; the drivers' own objects are recognised at run time,
- * which is what these tests prove (fromPostgresJs, fromKysely and fromDrizzle are the typed way).
+ * ordo's option types still name Queryable (Tx would admit these objects); the drivers' own
+ * objects are recognised at run time, which is what these tests prove.
  */
 const asIs = (tx: unknown) => tx as Queryable;
 
+/** BEGIN … COMMIT on a client of `from`, or ROLLBACK when fn throws. */
+async function pgTransaction<T>(from: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await from.connect();
+  try {
+    await client.query('BEGIN');
+    const value = await fn(client);
+    await client.query('COMMIT');
+    return value;
+  } catch (e) {
+    await client.query('ROLLBACK');
+    throw e;
+  } finally {
+    client.release();
+  }
+}
+
 const drivers: Driver[] = [
-  {
-    name: 'pg PoolClient',
-    pgRows: true,
-    async transaction(fn) {
-      const client = await pool.connect();
-      try {
-        await client.query('BEGIN');
-        const value = await fn(client);
-        await client.query('COMMIT');
-        return value;
-      } catch (e) {
-        await client.query('ROLLBACK');
-        throw e;
-      } finally {
-        client.release();
-      }
-    },
-  },
+  { name: 'pg PoolClient', pgRows: true, transaction: (fn) => pgTransaction(pool, fn) },
   {
     // Its pool parses nothing (every value a string): ordo still reads rows with pg's defaults.
     name: 'pg PoolClient of a pool with its own type parsers',
     pgRows: true,
-    async transaction(fn) {
+    transaction(fn) {
       rawPool ??= new pg.Pool({
         connectionString: db.url,
         max: 2,
         types: { getTypeParser: () => (text: string) => text },
       });
-      const client = await rawPool.connect();
-      try {
-        await client.query('BEGIN');
-        const value = await fn(client);
-        await client.query('COMMIT');
-        return value;
-      } catch (e) {
-        await client.query('ROLLBACK');
-        throw e;
-      } finally {
-        client.release();
-      }
+      return pgTransaction(rawPool, fn);
     },
   },
   {
@@ -124,7 +112,7 @@ const drivers: Driver[] = [
     name: 'Kysely on postgres.js',
     pgRows: false,
     transaction: (fn) =>
-      kyselyOf('kysely')
+      kyselyOnPostgresJs()
         .transaction()
         .execute((trx) => fn(asIs(trx))),
   },
@@ -142,20 +130,8 @@ const drivers: Driver[] = [
     // Prisma's $queryRawUnsafe in an interactive transaction has this shape: SQL text in, rows out.
     name: 'fromRawSql (the Prisma recipe) on a pg client',
     pgRows: true,
-    async transaction(fn) {
-      const client = await pool.connect();
-      try {
-        await client.query('BEGIN');
-        const value = await fn(fromRawSql(async (text) => (await client.query(text)).rows));
-        await client.query('COMMIT');
-        return value;
-      } catch (e) {
-        await client.query('ROLLBACK');
-        throw e;
-      } finally {
-        client.release();
-      }
-    },
+    transaction: (fn) =>
+      pgTransaction(pool, (client) => fn(fromRawSql(async (text) => (await client.query(text)).rows))),
   },
 ];
 
@@ -175,12 +151,12 @@ function sqlOf(use: 'plain' | 'camel' | 'drizzle' | 'kysely'): postgres.Sql {
   return sql;
 }
 
-let kyselyOnPostgresJs: Kysely<Record<string, never>> | undefined;
-function kyselyOf(_: 'kysely'): Kysely<Record<string, never>> {
-  kyselyOnPostgresJs ??= new Kysely({
+let kyselyOnPostgresJsDb: Kysely<Record<string, never>> | undefined;
+function kyselyOnPostgresJs(): Kysely<Record<string, never>> {
+  kyselyOnPostgresJsDb ??= new Kysely({
     dialect: new PostgresDialect({ pool: postgresJsPool(sqlOf('kysely')) }),
   });
-  return kyselyOnPostgresJs;
+  return kyselyOnPostgresJsDb;
 }
 
 /** A plugin that adds a column to every row: ordo's statements must not go through plugins. */
