@@ -99,6 +99,11 @@ const NETWORK_ERRORS = new Set([
   // Out of file descriptors: no new connection can be opened until some are closed.
   'EMFILE',
   'ENFILE',
+  // postgres.js, for a caller's transaction on it.
+  'CONNECTION_CLOSED',
+  'CONNECTION_DESTROYED',
+  'CONNECTION_ENDED',
+  'CONNECT_TIMEOUT',
 ]);
 /** Raised before a statement could reach the server: retrying it cannot run it twice. */
 const BEFORE_SENDING = new Set([
@@ -113,6 +118,7 @@ const BEFORE_SENDING = new Set([
   'ENETUNREACH',
   'EMFILE',
   'ENFILE',
+  'CONNECT_TIMEOUT',
 ]);
 const LOST_CONNECTION = /Connection terminated|connection timeout|Client has encountered a connection error/i;
 

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
 import type { Notifications } from '../db/notifications.js';
-import { asQueryable, type Queryable } from '../db/queryable.js';
+import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
 import { durationOption } from '../durations.js';
 import { OrdoError } from '../errors.js';
 import { invalid, knownKeys, oneOf, plainObject, safeInteger } from '../validate.js';
@@ -20,7 +20,7 @@ import type { OutboxPlans } from './plans.js';
 
 export interface AppendOptions {
   /** Append inside this transaction: consumers see the messages once it commits. */
-  tx?: Queryable;
+  tx?: Tx;
 }
 
 export interface SubscribeOptions<T = unknown> {

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
-import { asQueryable, type Queryable } from '../db/queryable.js';
+import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
 import { OrdoError, sequenceNotFound } from '../errors.js';
 import {
   boolean,
@@ -29,7 +29,7 @@ export interface NextOptions {
   /** Numbering is independent per scope (tenant); default ''. */
   scope?: string;
   /** Take the value inside this transaction: a rollback gives it back. */
-  tx?: Queryable;
+  tx?: Tx;
   /** The time whose period the value belongs to (default: the transaction's now()). */
   at?: Date | string;
   /**

@@ -1,4 +1,4 @@
-import type { Queryable } from '../db/queryable.js';
+import type { Tx } from '../db/queryable.js';
 import type { ThrottlePolicy } from './definitions.js';
 
 /** How a permit ended: by complete(), by fail(), or by its lease running out. */
@@ -18,7 +18,7 @@ export interface PermitEnd {
 
 export interface PermitCallOptions {
   /** Run the statement in this transaction. */
-  tx?: Queryable;
+  tx?: Tx;
 }
 
 export interface FailOptions extends PermitCallOptions {

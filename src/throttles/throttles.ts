@@ -1,7 +1,7 @@
 import { hostname } from 'node:os';
 import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
-import { asQueryable, type Queryable } from '../db/queryable.js';
+import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
 import { OrdoError } from '../errors.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, text } from '../validate.js';
 import {
@@ -34,7 +34,7 @@ export interface AcquireOptions {
    * Decide inside this transaction: the grant (and the key's row lock) commits or rolls back
    * with it. The key's decisions wait for that transaction to end: keep it short.
    */
-  tx?: Queryable;
+  tx?: Tx;
 }
 
 export interface RunOptions {
