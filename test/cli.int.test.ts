@@ -61,6 +61,23 @@ describe('ordo CLI', () => {
       period: '2026-05-01',
       value: 3,
     });
+    // The database in use, never its password; notifications arrive on a direct connection.
+    const url = new URL(db.url);
+    expect(JSON.parse(status.out)).toMatchObject({
+      database: { kind: 'url', host: url.hostname, port: Number(url.port || 5432), database: db.name },
+      notifications: { route: 'database', state: 'ok', message: null },
+    });
+    const text = cli('status');
+    expect(text.out.split('\n').slice(0, 2)).toEqual([
+      `database: ${db.name} on ${url.hostname}:${url.port || 5432} as ${decodeURIComponent(url.username)}`,
+      'notifications: arriving (on the database connection)',
+    ]);
+    expect(cli('url')).toMatchObject({ code: 0, out: `${db.url}\n` });
+    // psql on the same database, with arguments after --.
+    expect(cli('psql', '--', '-tAc', "SELECT name FROM ordo.sequences WHERE name = 'ticket'")).toMatchObject({
+      code: 0,
+      out: 'ticket\n',
+    });
     expect(cli('migrate')).toMatchObject({ code: 0, out: 'ordo: schema is up to date\n' });
     const missing = cli('next', 'nope');
     expect(missing.code).toBe(1);
