@@ -534,7 +534,8 @@ describe('lock waits and TIMEOUT', () => {
       ]);
       const took = performance.now() - began;
       expect(error).toBeInstanceOf(OrdoError);
-      expect(error).toMatchObject({ code: 'timeout', message: TIMEOUT_MESSAGE });
+      // As SurrealDB 3 words it: the timeout follows the message.
+      expect(error).toMatchObject({ code: 'timeout', message: `${TIMEOUT_MESSAGE}: 1s` });
       expect(took).toBeGreaterThanOrEqual(800);
       expect(took).toBeLessThan(3500);
       // With the blocker gone, the same node reserves at once.
@@ -563,7 +564,7 @@ describe('lock waits and TIMEOUT', () => {
         Promise.race([next, sleep(6000).then(() => 'still waiting after 6 s')]),
       ).rejects.toMatchObject({
         code: 'timeout',
-        message: TIMEOUT_MESSAGE,
+        message: `${TIMEOUT_MESSAGE}: 1s`,
       });
       const took = performance.now() - began;
       expect(took).toBeGreaterThanOrEqual(800);
@@ -590,7 +591,10 @@ describe('lock waits and TIMEOUT', () => {
     const counting = countingPool();
     const n = await node({ pool: counting.pool });
     const began = performance.now();
-    await expect(n.nextval(name)).rejects.toMatchObject({ code: 'timeout', message: TIMEOUT_MESSAGE });
+    await expect(n.nextval(name)).rejects.toMatchObject({
+      code: 'timeout',
+      message: `${TIMEOUT_MESSAGE}: 0ns`,
+    });
     await expect(n.sequences.nextMany(name, 3)).rejects.toMatchObject({ code: 'timeout' });
     expect(performance.now() - began).toBeLessThan(500);
     expect(counting.reserves).toBe(0);

@@ -215,8 +215,92 @@ describe('parseStatements', () => {
 
   it('reads ALTER SEQUENCE', () => {
     expect(parseStatements('ALTER SEQUENCE s TIMEOUT 5s; alter sequence s drop timeout')).toStrictEqual([
-      { kind: 'alter_sequence', name: 's', timeoutMs: 5000 },
-      { kind: 'alter_sequence', name: 's', timeoutMs: null },
+      { kind: 'alter_sequence', name: 's', ifExists: false, timeoutMs: 5000 },
+      { kind: 'alter_sequence', name: 's', ifExists: false, timeoutMs: null },
+    ]);
+  });
+
+  it('reads ALTER SEQUENCE as SurrealDB 3 writes it: IF EXISTS, TIMEOUT NONE, or no clause', () => {
+    expect(
+      parseStatements(
+        'ALTER SEQUENCE seq TIMEOUT NONE; ALTER SEQUENCE IF EXISTS nope TIMEOUT 5s; ALTER SEQUENCE seq; alter sequence if exists `if` timeout none',
+      ),
+    ).toStrictEqual([
+      { kind: 'alter_sequence', name: 'seq', ifExists: false, timeoutMs: null },
+      { kind: 'alter_sequence', name: 'nope', ifExists: true, timeoutMs: 5000 },
+      { kind: 'alter_sequence', name: 'seq', ifExists: false },
+      { kind: 'alter_sequence', name: 'if', ifExists: true, timeoutMs: null },
+    ]);
+  });
+
+  it('reads TIMEOUT NONE in DEFINE SEQUENCE as no timeout', () => {
+    expect(
+      parseStatements('DEFINE SEQUENCE s TIMEOUT NONE BATCH 5; DEFINE SEQUENCE t timeout none'),
+    ).toStrictEqual([define({ name: 's', batch: 5 }), define({ name: 't' })]);
+  });
+
+  it('reads names given as strings, as SurrealDB does', () => {
+    expect(
+      parseStatements(
+        `DEFINE SEQUENCE "test" BATCH 5; DEFINE SEQUENCE OVERWRITE 'b'; REMOVE SEQUENCE IF EXISTS "test"; ALTER SEQUENCE 'b' TIMEOUT 1s`,
+      ),
+    ).toStrictEqual([
+      define({ name: 'test', batch: 5 }),
+      define({ name: 'b', mode: 'overwrite' }),
+      { kind: 'remove_sequence', name: 'test', ifExists: true },
+      { kind: 'alter_sequence', name: 'b', ifExists: false, timeoutMs: 1000 },
+    ]);
+  });
+
+  it("reads LET and puts each parameter's value in its place", () => {
+    const text = `LET $name = "test"; LET $batch = 100; LET $start = -5; LET $timeout = 5s; LET $none = NONE;
+      DEFINE SEQUENCE $name BATCH $batch START $start TIMEOUT $timeout;
+      DEFINE SEQUENCE OVERWRITE $name TIMEOUT $none;
+      LET $tz = 'Europe/Paris'; LET $f = 'T-{n}'; LET $copy = $name;
+      DEFINE SEQUENCE g GAPLESS TIMEZONE $tz FORMAT $f INCREMENT $batch MAXVALUE $batch;
+      ALTER SEQUENCE $copy TIMEOUT $none; ALTER SEQUENCE $name TIMEOUT $timeout;
+      sequence::nextval($copy); REMOVE SEQUENCE IF EXISTS $name;
+      LET $name = 'other'; RETURN sequence::nextval($name)`;
+    expect(parseStatements(text)).toStrictEqual([
+      { kind: 'let', name: 'name' },
+      { kind: 'let', name: 'batch' },
+      { kind: 'let', name: 'start' },
+      { kind: 'let', name: 'timeout' },
+      { kind: 'let', name: 'none' },
+      define({ name: 'test', batch: 100, start: -5, timeoutMs: 5000 }),
+      define({ name: 'test', mode: 'overwrite' }),
+      { kind: 'let', name: 'tz' },
+      { kind: 'let', name: 'f' },
+      { kind: 'let', name: 'copy' },
+      define({
+        name: 'g',
+        gapless: true,
+        timeZone: 'Europe/Paris',
+        format: 'T-{n}',
+        increment: 100,
+        maxValue: 100,
+      }),
+      { kind: 'alter_sequence', name: 'test', ifExists: false, timeoutMs: null },
+      { kind: 'alter_sequence', name: 'test', ifExists: false, timeoutMs: 5000 },
+      { kind: 'nextval', name: 'test' },
+      { kind: 'remove_sequence', name: 'test', ifExists: true },
+      { kind: 'let', name: 'name' },
+      { kind: 'nextval', name: 'other' },
+    ]);
+  });
+
+  it('reads INFO FOR DB [STRUCTURE], with RETURN, and in parentheses with fields', () => {
+    expect(
+      parseStatements(
+        'INFO FOR DB STRUCTURE; RETURN INFO FOR DB; (INFO FOR DB).sequences; RETURN (info for database structure).sequences.name; (INFO FOR DB); (INFO FOR DB).`sequences`.⟨a⟩',
+      ),
+    ).toStrictEqual([
+      { kind: 'info_for_db', structure: true },
+      { kind: 'info_for_db' },
+      { kind: 'info_for_db', path: ['sequences'] },
+      { kind: 'info_for_db', structure: true, path: ['sequences', 'name'] },
+      { kind: 'info_for_db' },
+      { kind: 'info_for_db', path: ['sequences', 'a'] },
     ]);
   });
 
@@ -245,7 +329,7 @@ describe('parseStatements', () => {
     ).toStrictEqual([
       define({ name: 'mySeq' }),
       { kind: 'remove_sequence', name: 'mySeq', ifExists: false },
-      { kind: 'alter_sequence', name: 'b', timeoutMs: null },
+      { kind: 'alter_sequence', name: 'b', ifExists: false, timeoutMs: null },
     ]);
     // Quoted, a keyword is a name; bare, keywords that follow SEQUENCE are names too.
     expect(
@@ -305,27 +389,31 @@ describe('parse errors', () => {
     // statement starts
     [
       'SELECT * FROM x',
-      "Parse error: expected DEFINE, ALTER, REMOVE, RETURN, INFO or sequence::nextval, found 'SELECT' at 1:1",
+      "Parse error: expected DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval, found 'SELECT' at 1:1",
     ],
     [
       'INFO FOR DB;\nSELECT 1',
-      "Parse error: expected DEFINE, ALTER, REMOVE, RETURN, INFO or sequence::nextval, found 'SELECT' at 2:1",
+      "Parse error: expected DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval, found 'SELECT' at 2:1",
     ],
     [
       "'x'",
-      "Parse error: expected DEFINE, ALTER, REMOVE, RETURN, INFO or sequence::nextval, found string 'x' at 1:1",
+      "Parse error: expected DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval, found string 'x' at 1:1",
     ],
-    ['(', "Parse error: expected DEFINE, ALTER, REMOVE, RETURN, INFO or sequence::nextval, found '(' at 1:1"],
+    ['(', 'Parse error: expected INFO, found end of input at 1:2'],
+    [
+      '$x',
+      "Parse error: expected DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval, found '$x' at 1:1",
+    ],
     [
       '/* 😀 */ SELECT',
-      "Parse error: expected DEFINE, ALTER, REMOVE, RETURN, INFO or sequence::nextval, found 'SELECT' at 1:9",
+      "Parse error: expected DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval, found 'SELECT' at 1:9",
     ],
     // DEFINE
     ['DEFINE TABLE x', "Parse error: expected SEQUENCE, found 'TABLE' at 1:8"],
     ['DEFINE', 'Parse error: expected SEQUENCE, found end of input at 1:7'],
     ['DEFINE SEQUENCE ;', "Parse error: expected a sequence name, found ';' at 1:17"],
     ['DEFINE SEQUENCE', 'Parse error: expected a sequence name, found end of input at 1:16'],
-    ["DEFINE SEQUENCE 'x'", "Parse error: expected a sequence name, found string 'x' at 1:17"],
+    ['DEFINE SEQUENCE 5', "Parse error: expected a sequence name, found '5' at 1:17"],
     ['DEFINE SEQUENCE 1x', "Parse error: expected a sequence name, found '1x' at 1:17"],
     ['DEFINE SEQUENCE IF EXISTS s', "Parse error: expected NOT, found 'EXISTS' at 1:20"],
     ['DEFINE SEQUENCE IF NOT s', "Parse error: expected EXISTS, found 's' at 1:24"],
@@ -389,39 +477,39 @@ describe('parse errors', () => {
     // durations
     [
       'DEFINE SEQUENCE s TIMEOUT 5',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found '5' at 1:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT 5x',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found '5x' at 1:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5x' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT 5S',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found '5S' at 1:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5S' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT 1.5s',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found '1.5s' at 1:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '1.5s' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT -1s',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found '-1s' at 1:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '-1s' at 1:27",
     ],
     [
       "DEFINE SEQUENCE s TIMEOUT '5s'",
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found string '5s' at 1:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found string '5s' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT s',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found 's' at 1:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found 's' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT 300000y',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found '300000y' at 1:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '300000y' at 1:27",
     ],
     [
       'ALTER SEQUENCE s TIMEOUT 5 ',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found '5' at 1:26",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5' at 1:26",
     ],
     // RESET, TIMEZONE, FORMAT
     [
@@ -460,17 +548,22 @@ describe('parse errors', () => {
     ["sequence::nextval('a b')", `${NAME_RULE} (got "a b") at 1:19`],
     // ALTER, REMOVE
     ['ALTER TABLE s', "Parse error: expected SEQUENCE, found 'TABLE' at 1:7"],
-    ['ALTER SEQUENCE s', 'Parse error: expected TIMEOUT or DROP TIMEOUT, found end of input at 1:17'],
-    ['ALTER SEQUENCE s BATCH 5', "Parse error: expected TIMEOUT or DROP TIMEOUT, found 'BATCH' at 1:18"],
+    ['ALTER SEQUENCE', 'Parse error: expected a sequence name, found end of input at 1:15'],
+    ['ALTER SEQUENCE IF s', "Parse error: expected EXISTS, found 's' at 1:19"],
+    [
+      'ALTER SEQUENCE s BATCH 5',
+      "Parse error: expected TIMEOUT, DROP TIMEOUT, ';' or end of input, found 'BATCH' at 1:18",
+    ],
     ['ALTER SEQUENCE s DROP BATCH', "Parse error: expected TIMEOUT, found 'BATCH' at 1:23"],
     [
       'ALTER SEQUENCE s TIMEOUT 5s BATCH 1',
       "Parse error: expected ';' or end of input, found 'BATCH' at 1:29",
     ],
+    ['ALTER SEQUENCE s TIMEOUT NONE 5s', "Parse error: expected ';' or end of input, found '5s' at 1:31"],
     ['REMOVE SEQUENCE IF s', "Parse error: expected EXISTS, found 's' at 1:20"],
     ['REMOVE SEQUENCE s t', "Parse error: expected ';' or end of input, found 't' at 1:19"],
     // nextval
-    ['RETURN 5', "Parse error: expected sequence::nextval, found '5' at 1:8"],
+    ['RETURN 5', "Parse error: expected INFO FOR DB or sequence::nextval, found '5' at 1:8"],
     ["sequence:nextval('a')", "Parse error: expected '::', found ':' at 1:9"],
     ["sequence::next('a')", "Parse error: expected nextval, found 'next' at 1:11"],
     ["sequence::nextval 'a'", "Parse error: expected '(', found string 'a' at 1:19"],
@@ -485,7 +578,48 @@ describe('parse errors', () => {
     // INFO
     ['INFO DB', "Parse error: expected FOR, found 'DB' at 1:6"],
     ['INFO FOR TABLE x', "Parse error: expected DB or DATABASE, found 'TABLE' at 1:10"],
-    ['INFO FOR DB INFO FOR DB', "Parse error: expected ';' or end of input, found 'INFO' at 1:13"],
+    ['INFO FOR DB INFO FOR DB', "Parse error: expected STRUCTURE, ';' or end of input, found 'INFO' at 1:13"],
+    ['INFO FOR DB STRUCTURE x', "Parse error: expected ';' or end of input, found 'x' at 1:23"],
+    ['(INFO FOR DB', "Parse error: expected STRUCTURE or ')', found end of input at 1:13"],
+    ['(INFO FOR DB STRUCTURE', "Parse error: expected ')', found end of input at 1:23"],
+    ['(INFO FOR DB).', 'Parse error: expected a field name, found end of input at 1:15'],
+    ["(INFO FOR DB).'sequences'", "Parse error: expected a field name, found string 'sequences' at 1:15"],
+    ['(INFO FOR DB) x', "Parse error: expected '.', ';' or end of input, found 'x' at 1:15"],
+    // LET and parameters
+    ['LET x = 1', "Parse error: expected a parameter such as $name, found 'x' at 1:5"],
+    ['LET $x 1', "Parse error: expected '=', found '1' at 1:8"],
+    ['LET $x = abc', "LET takes a string, a number, a duration or NONE, found 'abc' at 1:10"],
+    ['LET $x = (1)', "LET takes a string, a number, a duration or NONE, found '(' at 1:10"],
+    ['LET $x = 1 2', "Parse error: expected ';' or end of input, found '2' at 1:12"],
+    [
+      'DEFINE SEQUENCE $nope',
+      "Parse error: $nope has no value: give it one with LET $nope = … before it, found '$nope' at 1:17",
+    ],
+    [
+      'DEFINE SEQUENCE $x; LET $x = "a"',
+      "Parse error: $x has no value: give it one with LET $x = … before it, found '$x' at 1:17",
+    ],
+    ['LET $n = 5; DEFINE SEQUENCE $n', "Parse error: expected a sequence name, found '$n' ('5') at 1:29"],
+    [
+      'LET $n = NONE; DEFINE SEQUENCE $n',
+      "Parse error: expected a sequence name, found '$n' ('NONE') at 1:32",
+    ],
+    [
+      "LET $n = 'a b'; REMOVE SEQUENCE $n",
+      'sequence name must be an identifier: a letter or underscore, then letters, digits or underscores, at most 63 characters (got "a b") at 1:33',
+    ],
+    [
+      "LET $b = 'x'; DEFINE SEQUENCE s BATCH $b",
+      "BATCH must be a whole number from 1 to 1000000, found '$b' (string 'x') at 1:39",
+    ],
+    [
+      'LET $t = 5; DEFINE SEQUENCE s TIMEOUT $t',
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '$t' ('5') at 1:39",
+    ],
+    [
+      'LET $n = 5; sequence::nextval($n)',
+      "Parse error: expected the sequence name as a quoted string, found '$n' ('5') at 1:31",
+    ],
     // lexical errors
     ["DEFINE SEQUENCE s FORMAT 'INV-{n}", 'Parse error: unterminated string starting at 1:26'],
     ['sequence::nextval("a', 'Parse error: unterminated string starting at 1:19'],
@@ -509,13 +643,13 @@ describe('parse errors', () => {
       "BATCH must be a whole number from 1 to 1000000, found '0' at 3:27",
     );
     expect(parseError(`${head}  SELECT 1`)).toBe(
-      "Parse error: expected DEFINE, ALTER, REMOVE, RETURN, INFO or sequence::nextval, found 'SELECT' at 3:3",
+      "Parse error: expected DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval, found 'SELECT' at 3:3",
     );
     expect(parseError(`${head}DEFINE SEQUENCE ;`)).toBe(
       "Parse error: expected a sequence name, found ';' at 3:17",
     );
     expect(parseError(`${head}DEFINE SEQUENCE b\tTIMEOUT 5`)).toBe(
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, found '5' at 3:27",
+      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5' at 3:27",
     );
     expect(parseError(`${head}DEFINE SEQUENCE b START 1 START 2`)).toBe(
       'Parse error: START may be given only once, found a second START at 3:27',
@@ -730,8 +864,9 @@ describe('defineStatementText', () => {
     expect(defineStatementText({ ...batched, timeoutMs: null, start: 1 })).toBe(
       'DEFINE SEQUENCE mySeq2 BATCH 1000 START 1',
     );
+    // Zero as SurrealDB 3 prints it.
     expect(defineStatementText({ ...batched, timeoutMs: 0 })).toBe(
-      'DEFINE SEQUENCE mySeq2 BATCH 1000 START 100 TIMEOUT 0s',
+      'DEFINE SEQUENCE mySeq2 BATCH 1000 START 100 TIMEOUT 0ns',
     );
     expect(
       defineStatementText({

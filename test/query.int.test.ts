@@ -27,7 +27,7 @@ describe('ordo.query (SurrealQL-compatible statements)', () => {
       ),
     ).toEqual([
       { result: null },
-      { error: 'The query was not executed because it exceeded the timeout', code: 'timeout' },
+      { error: 'The query was not executed because it exceeded the timeout: 0ns', code: 'timeout' },
     ]);
     expect(await ordo.query('DEFINE SEQUENCE mySeq2 BATCH 10')).toEqual([
       { error: "The sequence 'mySeq2' already exists", code: 'sequence_exists' },

@@ -119,13 +119,21 @@ const COMMANDS: Record<string, Command> = {
     usage: `ordo sql "<statements>" [--json]
   Runs SurrealQL-compatible statements, e.g.
     ordo sql "DEFINE SEQUENCE ids BATCH 1000 START 100 TIMEOUT 5s; sequence::nextval('ids');"
-  Prints one line per statement (--json: the array of { result } / { error, code }); exits 1 if any failed.`,
+  Prints one line per statement (--json: the array of { result } / { error, code }); exits 1 if any failed.
+  Text that does not parse runs nothing (--json: one { error, code } object, not an array).`,
     options: { json: { type: 'boolean' } },
     check(_flags, args) {
       if (args.length !== 1) throw usage('ordo sql takes one argument: the statements, quoted');
     },
     async run(ordo, args, flags) {
-      const results = await ordo.query(args[0]!);
+      let results;
+      try {
+        results = await ordo.query(args[0]!);
+      } catch (e) {
+        if (!flags.json || !(e instanceof OrdoError)) throw e;
+        console.log(JSON.stringify({ error: e.message, code: e.code }));
+        return 1;
+      }
       if (flags.json) console.log(JSON.stringify(results));
       else {
         for (const r of results)

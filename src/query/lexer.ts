@@ -10,10 +10,11 @@ import { OrdoError } from '../errors.js';
  *   The parser decides which it must be, so that `1.5` or `5x` is refused as one piece.
  * - `string`: `'…'` or `"…"`; `value` is the text with escapes (`\\ \' \" \n \t`) resolved.
  * - `name`: `` `…` `` or `⟨…⟩`; `value` is the text between the quotes.
+ * - `param`: `$` directly followed by a word (`$batch`); `value` is the word.
  * - `symbol`: `;`, `(`, `)`, `::` or any other single character.
  * - `eof`: the end of the input, positioned just after its last character.
  */
-export type TokenKind = 'word' | 'number' | 'string' | 'name' | 'symbol' | 'eof';
+export type TokenKind = 'word' | 'number' | 'string' | 'name' | 'param' | 'symbol' | 'eof';
 
 export interface Token {
   kind: TokenKind;
@@ -23,6 +24,8 @@ export interface Token {
   value: string;
   line: number;
   column: number;
+  /** Set when the token is the value of a parameter, put where the parameter was written: its `$name`. */
+  via?: string;
 }
 
 const ESCAPES: Record<string, string> = { '\\': '\\', "'": "'", '"': '"', n: '\n', t: '\t' };
@@ -75,6 +78,11 @@ export class Lexer {
       this.bump();
       while (isNumberPart(this.peek())) this.bump();
       return token('number');
+    }
+    if (c === '$' && isWordStart(this.peek(1))) {
+      this.bump();
+      while (isWordPart(this.peek())) this.bump();
+      return token('param', this.source.slice(start + 1, this.index));
     }
     if (c === "'" || c === '"') return token('string', this.readString(c, line, column));
     if (c === '`' || c === '⟨') {
@@ -190,11 +198,15 @@ export function tokenize(source: string): Token[] {
   }
 }
 
-/** How an error message shows a token: `'SELECT'`, `string 'abc'`, `end of input`. */
+/**
+ * How an error message shows a token: `'SELECT'`, `string 'abc'`, `end of input`, and a
+ * parameter's value with the parameter: `'$batch' (string 'x')`.
+ */
 export function describeToken(token: Token): string {
   if (token.kind === 'eof') return 'end of input';
   const text = token.text.length > 40 ? `${token.text.slice(0, 40)}…` : token.text;
-  return token.kind === 'string' ? `string ${text}` : `'${text}'`;
+  const shown = token.kind === 'string' ? `string ${text}` : `'${text}'`;
+  return token.via === undefined ? shown : `'${token.via}' (${shown})`;
 }
 
 export function position(token: Token): string {

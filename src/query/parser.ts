@@ -12,16 +12,25 @@ import {
   type Statement,
 } from './statements.js';
 
+type AlterSequenceStatement = Extract<Statement, { kind: 'alter_sequence' }>;
+type InfoStatement = Extract<Statement, { kind: 'info_for_db' }>;
+
 /** Largest BATCH, as in SurrealDB's documentation of DEFINE SEQUENCE. */
 const MAX_TIME_ZONE_LENGTH = 64;
 
-const STATEMENT_STARTS = 'DEFINE, ALTER, REMOVE, RETURN, INFO or sequence::nextval';
+const STATEMENT_STARTS = 'DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval';
 const STATEMENT_END = "';' or end of input";
-const DURATION_EXAMPLES = 'a duration such as 5s, 100ms or 1m30s';
+const DURATION_EXAMPLES = 'a duration such as 5s, 100ms or 1m30s, or NONE';
 
 /**
- * Parses `;`-separated statements of ordo's SurrealQL subset. All or nothing: any error
- * refuses the whole text with an invalid_argument OrdoError, and no statement is returned.
+ * Parses `;`-separated statements of ordo's SurrealQL subset. All or nothing, as SurrealDB
+ * parses its own: any error refuses the whole text with an invalid_argument OrdoError, and
+ * no statement is returned. Values are checked here too (a BATCH of 0, a name that is not an
+ * identifier), so a text runs only when every statement in it can.
+ *
+ * `LET $name = value` (a string, a number, a duration or NONE) gives later statements of the
+ * same text a value to write as `$name` wherever a name or a value goes; the parser puts the
+ * value in its place.
  */
 export function parseStatements(text: string): Statement[] {
   if (typeof text !== 'string') throw invalid('statements must be a text');
@@ -31,6 +40,8 @@ export function parseStatements(text: string): Statement[] {
 class Parser {
   private readonly lexer: Lexer;
   private current: Token;
+  /** The values LET gave so far, by parameter name (without `$`). */
+  private readonly params = new Map<string, Token>();
 
   constructor(text: string) {
     this.lexer = new Lexer(text);
@@ -52,12 +63,12 @@ class Parser {
     if (this.acceptWord('DEFINE')) return this.define();
     if (this.acceptWord('ALTER')) return this.alter();
     if (this.acceptWord('REMOVE')) return this.remove();
-    if (this.acceptWord('INFO')) {
-      this.expectWord('FOR');
-      if (!this.acceptWord('DB') && !this.acceptWord('DATABASE')) this.fail('DB or DATABASE');
-      return this.end({ kind: 'info_for_db' });
+    if (this.acceptWord('LET')) return this.let();
+    if (this.isWord('INFO') || this.isSymbol('(')) return this.info();
+    if (this.acceptWord('RETURN')) {
+      if (this.isWord('INFO') || this.isSymbol('(')) return this.info();
+      return this.nextval('INFO FOR DB or sequence::nextval');
     }
-    if (this.acceptWord('RETURN')) return this.nextval();
     if (this.isWord('SEQUENCE')) return this.nextval();
     return this.fail(STATEMENT_STARTS);
   }
@@ -94,9 +105,11 @@ class Parser {
         case 'START':
           statement.start = this.integer(clause, -MAX_VALUE, MAX_VALUE);
           break;
-        case 'TIMEOUT':
-          statement.timeoutMs = this.duration(clause);
+        case 'TIMEOUT': {
+          const timeoutMs = this.timeout(clause);
+          if (timeoutMs !== null) statement.timeoutMs = timeoutMs; // TIMEOUT NONE: none, as without the clause
           break;
+        }
         case 'GAPLESS':
           statement.gapless = true;
           break;
@@ -123,50 +136,118 @@ class Parser {
     return this.end(statement, `${CLAUSES.join(', ')}, ${STATEMENT_END}`);
   }
 
+  /** `ALTER SEQUENCE [IF EXISTS] name [TIMEOUT d | TIMEOUT NONE | DROP TIMEOUT]`, as SurrealDB 3 reads it (DROP TIMEOUT: ordo's). */
   private alter(): Statement {
     this.expectWord('SEQUENCE');
-    const name = this.name();
+    const ifExists = this.ifExists();
+    const statement: AlterSequenceStatement = { kind: 'alter_sequence', name: this.name(), ifExists };
     if (this.acceptWord('TIMEOUT')) {
-      return this.end({ kind: 'alter_sequence', name, timeoutMs: this.duration('TIMEOUT') });
-    }
-    if (this.acceptWord('DROP')) {
+      statement.timeoutMs = this.timeout('TIMEOUT');
+    } else if (this.acceptWord('DROP')) {
       this.expectWord('TIMEOUT');
-      return this.end({ kind: 'alter_sequence', name, timeoutMs: null });
+      statement.timeoutMs = null;
+    } else {
+      return this.end(statement, `TIMEOUT, DROP TIMEOUT, ${STATEMENT_END}`);
     }
-    return this.fail('TIMEOUT or DROP TIMEOUT');
+    return this.end(statement);
   }
 
   private remove(): Statement {
     this.expectWord('SEQUENCE');
-    let ifExists = false;
-    if (this.acceptWord('IF')) {
-      this.expectWord('EXISTS');
-      ifExists = true;
-    }
+    const ifExists = this.ifExists();
     return this.end({ kind: 'remove_sequence', name: this.name(), ifExists });
   }
 
+  private ifExists(): boolean {
+    if (!this.acceptWord('IF')) return false;
+    this.expectWord('EXISTS');
+    return true;
+  }
+
+  /** `LET $name = value`: a string, a number, a duration, NONE, or another parameter's value. */
+  private let(): Statement {
+    const param = this.current;
+    if (param.kind !== 'param') this.fail('a parameter such as $name');
+    this.advance();
+    this.expectSymbol('=', "'='");
+    const value = this.value();
+    if (value.kind !== 'string' && value.kind !== 'number' && !isNone(value)) {
+      this.refuse('LET takes a string, a number, a duration or NONE', value);
+    }
+    this.advance();
+    const statement = this.end({ kind: 'let', name: param.value });
+    this.params.set(param.value, value);
+    return statement;
+  }
+
+  /**
+   * `INFO FOR DB [STRUCTURE]`, or the same in parentheses followed by fields:
+   * `(INFO FOR DB).sequences`. RETURN already read.
+   */
+  private info(): Statement {
+    const parenthesized = this.isSymbol('(');
+    if (parenthesized) this.advance();
+    this.expectWord('INFO');
+    this.expectWord('FOR');
+    if (!this.acceptWord('DB') && !this.acceptWord('DATABASE')) this.fail('DB or DATABASE');
+    const statement: InfoStatement = { kind: 'info_for_db' };
+    const structure = this.acceptWord('STRUCTURE');
+    if (structure) statement.structure = true;
+    if (!parenthesized) return this.end(statement, structure ? STATEMENT_END : `STRUCTURE, ${STATEMENT_END}`);
+    this.expectSymbol(')', structure ? "')'" : "STRUCTURE or ')'");
+    const path: string[] = [];
+    while (this.isSymbol('.')) {
+      this.advance();
+      const field = this.current;
+      if (field.kind !== 'word' && field.kind !== 'name') this.fail('a field name');
+      path.push(field.value);
+      this.advance();
+    }
+    if (path.length > 0) statement.path = path;
+    return this.end(statement, `'.', ${STATEMENT_END}`);
+  }
+
   /** `sequence::nextval('name')`, RETURN already read. */
-  private nextval(): Statement {
-    this.expectWord('SEQUENCE', 'sequence::nextval');
+  private nextval(expected = 'sequence::nextval'): Statement {
+    this.expectWord('SEQUENCE', expected);
     this.expectSymbol('::', "'::'");
     this.expectWord('NEXTVAL', 'nextval');
     this.expectSymbol('(', "'('");
-    const token = this.current;
-    if (token.kind !== 'string') this.fail('the sequence name as a quoted string');
+    const token = this.value();
+    if (token.kind !== 'string') this.fail('the sequence name as a quoted string', token);
     const name = this.checkedName(token);
     this.advance();
     this.expectSymbol(')', "')'");
     return this.end({ kind: 'nextval', name });
   }
 
-  /** A bare, `backticked` or ⟨bracketed⟩ sequence name. */
+  /**
+   * A sequence name: bare, `backticked`, ⟨bracketed⟩ or a quoted string (as SurrealDB reads
+   * `DEFINE SEQUENCE "test"`), or a parameter whose value is a string.
+   */
   private name(): string {
-    const token = this.current;
-    if (token.kind !== 'word' && token.kind !== 'name') this.fail('a sequence name');
+    const token = this.value();
+    const named =
+      token.via === undefined
+        ? token.kind === 'word' || token.kind === 'name' || token.kind === 'string'
+        : token.kind === 'string';
+    if (!named) this.fail('a sequence name', token);
     const name = this.checkedName(token);
     this.advance();
     return name;
+  }
+
+  /** The current token; for a parameter, the value LET gave it, placed where the parameter is. */
+  private value(): Token {
+    const token = this.current;
+    if (token.kind !== 'param') return token;
+    const value = this.params.get(token.value);
+    if (value === undefined) {
+      throw syntaxError(
+        `${token.text} has no value: give it one with LET ${token.text} = … before it, found '${token.text}' at ${position(token)}`,
+      );
+    }
+    return { ...value, line: token.line, column: token.column, via: token.text };
   }
 
   private checkedName(token: Token): string {
@@ -174,7 +255,7 @@ class Parser {
   }
 
   private integer(clause: Clause, min: number, max: number): number {
-    const token = this.current;
+    const token = this.value();
     const value = token.kind === 'number' && /^-?\d+$/.test(token.text) ? Number(token.text) : Number.NaN;
     if (!Number.isSafeInteger(value) || value < min || value > max) {
       this.refuse(`${clause} must be a whole number from ${min} to ${max}`, token);
@@ -183,8 +264,13 @@ class Parser {
     return value;
   }
 
-  private duration(clause: Clause): number {
-    const token = this.current;
+  /** A duration in milliseconds, or null for NONE (no timeout). */
+  private timeout(clause: Clause): number | null {
+    const token = this.value();
+    if (isNone(token)) {
+      this.advance();
+      return null;
+    }
     let ms: number | undefined;
     if (token.kind === 'number') {
       try {
@@ -210,7 +296,7 @@ class Parser {
   }
 
   private timeZone(): string {
-    const token = this.current;
+    const token = this.value();
     if (token.kind !== 'string' || token.value.length === 0 || token.value.length > MAX_TIME_ZONE_LENGTH) {
       this.refuse(
         `TIMEZONE must be a quoted IANA time zone name of 1 to ${MAX_TIME_ZONE_LENGTH} characters, such as 'Europe/Paris'`,
@@ -222,7 +308,7 @@ class Parser {
   }
 
   private format(): string {
-    const token = this.current;
+    const token = this.value();
     if (token.kind !== 'string')
       this.refuse("FORMAT must be a quoted text such as 'INV-{YYYY}-{n:6}'", token);
     const format = this.at(token, () => validateFormat(token.value));
@@ -279,13 +365,15 @@ class Parser {
     this.advance();
   }
 
-  private fail(expected: string): never {
-    throw syntaxError(
-      `expected ${expected}, found ${describeToken(this.current)} at ${position(this.current)}`,
-    );
+  private fail(expected: string, token: Token = this.current): never {
+    throw syntaxError(`expected ${expected}, found ${describeToken(token)} at ${position(token)}`);
   }
 
   private refuse(message: string, token: Token): never {
     throw invalid(`${message}, found ${describeToken(token)} at ${position(token)}`);
   }
+}
+
+function isNone(token: Token): boolean {
+  return token.kind === 'word' && token.text.toUpperCase() === 'NONE';
 }

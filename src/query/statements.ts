@@ -1,4 +1,4 @@
-import { formatDuration } from '../durations.js';
+import { formatTimeout } from '../sequences/definitions.js';
 import { identifier, MAX_VALUE } from '../validate.js';
 
 export type Statement =
@@ -17,10 +17,14 @@ export type Statement =
       timeZone?: string;
       format?: string;
     }
-  | { kind: 'alter_sequence'; name: string; timeoutMs: number | null } // ALTER SEQUENCE x TIMEOUT 5s | DROP TIMEOUT → null
+  // ALTER SEQUENCE [IF EXISTS] x [TIMEOUT 5s | TIMEOUT NONE → null | DROP TIMEOUT → null]; no TIMEOUT: unchanged
+  | { kind: 'alter_sequence'; name: string; ifExists: boolean; timeoutMs?: number | null }
   | { kind: 'remove_sequence'; name: string; ifExists: boolean }
   | { kind: 'nextval'; name: string } // [RETURN] sequence::nextval('name')
-  | { kind: 'info_for_db' };
+  // [RETURN] INFO FOR DB [STRUCTURE], or (INFO FOR DB [STRUCTURE]).field.field…
+  | { kind: 'info_for_db'; structure?: true; path?: string[] }
+  // LET $name = value: the value is put in place of $name by the parser; the statement returns null
+  | { kind: 'let'; name: string };
 
 export type DefineSequenceStatement = Extract<Statement, { kind: 'define_sequence' }>;
 
@@ -79,6 +83,10 @@ export const KEYWORDS: ReadonlySet<string> = new Set([
   'NOT',
   'EXISTS',
   'DROP',
+  'LET',
+  'NONE',
+  'NULL',
+  'STRUCTURE',
   ...CLAUSES,
   ...Object.keys(RESET_KEYWORDS),
 ]);
@@ -109,7 +117,7 @@ export function defineStatementText(def: PrintableDefinition): string {
     parts.push('GAPLESS');
     if (def.start !== 1) parts.push(`START ${def.start}`);
   }
-  if (def.timeoutMs !== null) parts.push(`TIMEOUT ${formatDuration(def.timeoutMs)}`);
+  if (def.timeoutMs !== null) parts.push(`TIMEOUT ${formatTimeout(def.timeoutMs)}`);
   if (def.increment !== 1) parts.push(`INCREMENT ${def.increment}`);
   if (def.maxValue !== MAX_VALUE) parts.push(`MAXVALUE ${def.maxValue}`);
   if (def.cycle) parts.push('CYCLE');
@@ -117,4 +125,40 @@ export function defineStatementText(def: PrintableDefinition): string {
   if (def.timeZone !== 'UTC') parts.push(`TIMEZONE ${stringText(def.timeZone)}`);
   if (def.format !== null) parts.push(`FORMAT ${stringText(def.format)}`);
   return parts.join(' ');
+}
+
+/** The sections of SurrealDB's INFO FOR DB, in its order; ordo fills `sequences` only. */
+export const INFO_SECTIONS = [
+  'accesses',
+  'analyzers',
+  'apis',
+  'buckets',
+  'configs',
+  'functions',
+  'models',
+  'modules',
+  'params',
+  'sequences',
+  'tables',
+  'users',
+] as const;
+
+/**
+ * A definition as INFO FOR DB STRUCTURE shows it. A batched one exactly as SurrealDB does
+ * (`batch` and `start` as texts, `timeout` a duration or null); a gapless one adds ordo's
+ * clauses that differ from the defaults. Fields in alphabetical order, as SurrealDB's objects.
+ */
+export function definitionStructure(def: PrintableDefinition): Record<string, unknown> {
+  const structure: Record<string, unknown> = { name: def.name };
+  if (def.kind === 'batched') structure.batch = String(def.batch);
+  else structure.gapless = true;
+  structure.start = String(def.start);
+  structure.timeout = def.timeoutMs === null ? null : formatTimeout(def.timeoutMs);
+  if (def.increment !== 1) structure.increment = String(def.increment);
+  if (def.maxValue !== MAX_VALUE) structure.maxvalue = String(def.maxValue);
+  if (def.cycle) structure.cycle = true;
+  if (def.reset !== 'never') structure.reset = RESET_TEXT[def.reset];
+  if (def.timeZone !== 'UTC') structure.timezone = def.timeZone;
+  if (def.format !== null) structure.format = def.format;
+  return Object.fromEntries(Object.entries(structure).sort(([a], [b]) => (a < b ? -1 : 1)));
 }

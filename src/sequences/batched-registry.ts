@@ -1,8 +1,9 @@
 import type pg from 'pg';
 import { clientLike } from '../db/clients.js';
 import type { Notifications } from '../db/notifications.js';
+import { quoteIdent } from '../db/migrations.js';
 import type { Queryable } from '../db/queryable.js';
-import { Allocator, type Reservation } from './batched.js';
+import { Allocator, type Reservation, type UnusedTail } from './batched.js';
 import type { SequenceDefinition } from './definitions.js';
 import type { SequencePlans } from './plans.js';
 
@@ -10,6 +11,17 @@ type Run = (db: Queryable, text: string, values: unknown[], retryMs?: number) =>
 
 /** How often a node re-reads the epochs of the sequences it holds ranges of. */
 const EPOCH_CHECK_MS = 2000;
+/** How long a closing node waits for a sequence's lock to give its unused values back. */
+const GIVE_BACK_WAIT_MS = 1000;
+
+/**
+ * The statement that gives a closing node's unused values back (sql/migrations/0007).
+ * Built from the schema of the plans' NOTIFY channel, `ordo_sequences.<schema>`.
+ */
+function giveBackStatement(plans: SequencePlans): string {
+  const schema = quoteIdent(plans.channel.slice('ordo_sequences.'.length));
+  return `SELECT ${schema}.give_back($1, $2, $3, $4, $5, $6) AS given_back`;
+}
 
 /**
  * This node's ranges of batched sequences. Redefinitions and removals reach it three ways:
@@ -66,10 +78,19 @@ export class BatchedRegistry {
     this.allocators.delete(name);
   }
 
+  /**
+   * Gives back the values this node never handed out, where they end the sequence's last
+   * range (so a restart goes on where this node stopped), then drops every range.
+   */
   async close(): Promise<void> {
     clearTimeout(this.checker);
     this.checker = undefined;
+    const allocators = [...this.allocators.values()];
+    // A reservation still in flight is waited for: its range may be the last one.
+    await Promise.all(allocators.map((a) => a.settle()));
+    const tails = allocators.map((a) => ({ name: a.name, tail: a.release() }));
     for (const name of [...this.allocators.keys()]) this.forget(name);
+    await Promise.all(tails.map(({ name, tail }) => (tail ? this.giveBack(name, tail) : undefined)));
     this.unlisten?.();
     await this.connecting;
     await this.reserver?.end().catch(() => undefined);
@@ -96,6 +117,17 @@ export class BatchedRegistry {
       epoch: Number(r.epoch),
       timeoutMs: r.timeout_ms === null ? null : Number(r.timeout_ms),
     };
+  }
+
+  /**
+   * One compare-and-set on the sequence's storage, under the definition's row lock (no range
+   * can be reserved meanwhile): it moves back to `from` only if no range was reserved after
+   * ours and the definition is the one ours came from. Otherwise, or on any failure, the
+   * values stay a gap, as when a node stops without closing.
+   */
+  private async giveBack(name: string, tail: UnusedTail): Promise<void> {
+    const values = [name, this.nodeId, tail.epoch, tail.lastFirst, tail.from, GIVE_BACK_WAIT_MS];
+    await this.run(this.pool, giveBackStatement(this.plans), values, 0).catch(() => undefined);
   }
 
   private connectReserver(): void {

@@ -2,6 +2,7 @@ import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { backoffDelay } from '../db/backoff.js';
 import { closedError, OrdoError, type OrdoErrorCode } from '../errors.js';
+import { formatTimeout } from './definitions.js';
 
 /** A range reserved by one nextval() on the sequence's storage: first, first + increment, …, last. */
 export interface Reservation {
@@ -24,6 +25,21 @@ const RETRYABLE = new Set<OrdoErrorCode>(['timeout', 'database_unavailable', 'da
 
 export const TIMEOUT_MESSAGE = 'The query was not executed because it exceeded the timeout';
 
+/** SurrealDB 3's timeout error: the message, then the timeout (`…: 0ns`, `…: 5s`). */
+export function timeoutError(timeoutMs: number, cause?: unknown): OrdoError {
+  return new OrdoError('timeout', `${TIMEOUT_MESSAGE}: ${formatTimeout(timeoutMs)}`, { cause });
+}
+
+/**
+ * What a node gives back when it closes: the values from `from` up to the end of the range
+ * that starts at `lastFirst`, the last one it reserved (in `epoch`). None was handed out.
+ */
+export interface UnusedTail {
+  from: number;
+  lastFirst: number;
+  epoch: number;
+}
+
 /**
  * One node's supply of a batched sequence. Values come from a range in memory with no I/O;
  * the next range is reserved in the background as soon as the current one is in use; at most
@@ -32,6 +48,8 @@ export const TIMEOUT_MESSAGE = 'The query was not executed because it exceeded t
  * redefined or removed) discards its ranges: a gap, never a reuse.
  */
 export class Allocator {
+  /** The current range: `first` … `last`, `next` the first value not handed out. */
+  private first = 1;
   private next = 1;
   private last = 0;
   private increment = 1;
@@ -78,6 +96,28 @@ export class Allocator {
     }
   }
 
+  /** Resolves when no reservation is in flight (whether it succeeded or not). */
+  async settle(): Promise<void> {
+    while (this.reserving) await this.reserving.catch(() => undefined);
+  }
+
+  /**
+   * Drops every range held, returning the values never handed out when they end the last
+   * range reserved: the rest of the current range (if the spare follows it) and the spare.
+   * Synchronous, so nothing can be handed out from what is returned.
+   */
+  release(): UnusedTail | undefined {
+    const { epoch, spare, first, next, last, increment } = this;
+    this.drop();
+    if (epoch === undefined) return undefined;
+    const unused = next <= last;
+    if (spare) {
+      const adjoining = unused && last + increment === spare.first;
+      return { from: adjoining ? next : spare.first, lastFirst: spare.first, epoch };
+    }
+    return unused ? { from: next, lastFirst: first, epoch } : undefined;
+  }
+
   /** Discards every range held: the sequence was redefined or removed. */
   drop(): void {
     this.generation++;
@@ -101,9 +141,7 @@ export class Allocator {
     for (let attempt = 0; ; attempt++) {
       if (this.isClosed()) throw closedError();
       const remaining = this.timeoutMs === null ? null : this.timeoutMs - (performance.now() - started);
-      if (remaining !== null && remaining <= 0) {
-        throw new OrdoError('timeout', TIMEOUT_MESSAGE, { cause: lastError });
-      }
+      if (remaining !== null && remaining <= 0) throw timeoutError(this.timeoutMs!, lastError);
       try {
         const r = await this.reserve(this.name, remaining === null ? null : Math.ceil(remaining));
         this.timeoutMs = r.timeoutMs;
@@ -132,6 +170,7 @@ export class Allocator {
   }
 
   private install(r: Reservation): void {
+    this.first = r.first;
     this.next = r.first;
     this.last = r.last;
     this.increment = r.increment;

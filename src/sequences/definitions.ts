@@ -1,4 +1,4 @@
-import { parseDuration } from '../durations.js';
+import { formatDuration, parseDuration } from '../durations.js';
 import {
   boolean,
   describe,
@@ -151,6 +151,14 @@ export function parseTimeout(value: unknown): number | null {
   if (value === undefined || value === null) return null;
   if (typeof value === 'string') return parseDuration(value);
   return safeInteger('timeout', value, 0, 365 * 24 * 3_600_000);
+}
+
+/**
+ * A timeout as SurrealDB prints it, in DEFINE statements and in its timeout error: `5s`,
+ * `1m30s`, `100ms`, and zero as `0ns`. ordo keeps timeouts in whole milliseconds.
+ */
+export function formatTimeout(ms: number): string {
+  return ms === 0 ? '0ns' : formatDuration(ms);
 }
 
 export function toDefinition(row: Record<string, any>): SequenceDefinition {
