@@ -344,11 +344,13 @@ describe('ordo serve while PostgreSQL restarts', () => {
 });
 
 describe('batched nextval() across restarts', () => {
-  it("TIMEOUT '10s', batch 10, 8 loops: every call answered, none after more than 10 s, values unique, through an immediate restart and a 3 s outage", async () => {
+  it("TIMEOUT '10s', batch 10, 8 loops: every call answered, none after more than 10 s, values unique, through an immediate restart and a 3 s outage; TIMEOUT '1s' fails with timeout within it", async () => {
     const url = await database('restarts_batched');
     const ordo: Ordo = await createOrdo({ databaseUrl: url, poolSize: 4 });
     try {
       await ordo.sequences.define({ name: 'ids', kind: 'batched', batch: 10, timeout: '10s' });
+      // Shorter than the outage: its calls end with `timeout`, after about 1 s, never hang.
+      await ordo.sequences.define({ name: 'short', kind: 'batched', batch: 10, timeout: '1s' });
       const values: number[] = [];
       const errors: string[] = [];
       /** The longest call per phase (the phase it started in). */
@@ -374,6 +376,27 @@ describe('batched nextval() across restarts', () => {
         }
       };
       const loops = Array.from({ length: 8 }, loop);
+      const short = {
+        values: [] as number[],
+        errors: new Map<string, number>(),
+        longestMs: 0,
+        failedMs: [] as number[],
+      };
+      const shortLoop = async () => {
+        while (running) {
+          const started = performance.now();
+          try {
+            short.values.push(await ordo.nextval('short'));
+          } catch (e) {
+            const code = (e as { code?: string }).code ?? String(e);
+            short.errors.set(code, (short.errors.get(code) ?? 0) + 1);
+            short.failedMs.push(performance.now() - started);
+          }
+          short.longestMs = Math.max(short.longestMs, performance.now() - started);
+          await sleep(5);
+        }
+      };
+      loops.push(shortLoop());
       const waitForValues = async (since: number) => {
         while (lastOkAt <= since) {
           if (performance.now() - since > 15_000) throw new Error('no value within 15 s');
@@ -410,12 +433,24 @@ describe('batched nextval() across restarts', () => {
         errors,
         longestMsByPhase: longest,
         reservations: ordo.sequences.reservations.get('ids'),
+        timeout1s: {
+          values: short.values.length,
+          errors: Object.fromEntries(short.errors),
+          failedCallsMs: short.failedMs.length
+            ? [Math.round(Math.min(...short.failedMs)), Math.round(Math.max(...short.failedMs))]
+            : [],
+          longestMs: Math.round(short.longestMs),
+        },
       });
       expect(errors).toEqual([]);
       expect(distinct.size).toBe(values.length);
       expect(values.length).toBe(calls);
       // Bounded: within TIMEOUT and a margin, not the statement timeout or forever.
       expect(longestMs).toBeLessThan(10_000 + 3_000);
+      // TIMEOUT '1s' through a 3 s outage: only `timeout` errors, none later than 1 s and a margin.
+      expect([...short.errors.keys()]).toEqual(['timeout']);
+      expect(short.longestMs).toBeLessThan(1_000 + 2_000);
+      expect(new Set(short.values).size).toBe(short.values.length);
     } finally {
       await ordo.close();
     }
