@@ -512,19 +512,16 @@ describe('/readyz and /healthz while PostgreSQL is stopped', () => {
     }
   });
 
-  // KNOWN (src/ordo.ts, ping()): /readyz runs `SELECT 1` through InFlight.query with its default
-  // retry, which sends a statement that never reached the server (ECONNREFUSED) again for up to
-  // connectTimeout (10 s): a stopped database is answered 503 only after 10 s, when a readiness
-  // probe (Kubernetes: timeoutSeconds 1) has long given up and counts a timeout instead of a 503.
-  // `.fails` until ping() no longer retries (inFlight.query(pool, 'SELECT 1', [], 0)).
-  it.fails('/readyz answers within 2 s while the database is stopped', () => {
+  // ping() sends its SELECT 1 once: a readiness probe (Kubernetes: timeoutSeconds 1) must get its
+  // 503 at once, not after connectTimeout.
+  it('/readyz answers within 2 s while the database is stopped', () => {
     expect(readyzWhileStoppedMs).toBeDefined();
     expect(readyzWhileStoppedMs!).toBeLessThan(2_000);
   });
 });
 
 describe('outbox across an immediate restart', () => {
-  it('every committed append is delivered exactly once', async () => {
+  it('every committed append is delivered exactly once, and notifications wake the consumer again afterwards', async () => {
     const url = await database('restarts_outbox');
     const ordo = await createOrdo({ databaseUrl: url, poolSize: 6 });
     const topic = 'restarts';
@@ -539,7 +536,8 @@ describe('outbox across an immediate restart', () => {
         name: 'restarts-consumer',
         topic,
         batchSize: 100,
-        pollInterval: '200ms',
+        // Woken by NOTIFY only (a poll a minute): the LISTEN connection must come back after each blow.
+        pollInterval: '60s',
         retryDelay: '20ms',
         maxRetryDelay: '500ms',
         // Delivered again after a failure, never parked: a parked message would be a loss here.
@@ -617,6 +615,19 @@ describe('outbox across an immediate restart', () => {
         await sleep(100);
       }
       const caughtUpMs = Math.round(performance.now() - writersStopped);
+      // One more append, once the consumer is idle: only a notification can wake it this soon.
+      await sleep(300);
+      const lastSent = performance.now();
+      await ordo.outbox.append(topic, { type: 'Last', data: {}, messageId: 'last' });
+      let lastDeliveredMs: number | undefined;
+      while (performance.now() - lastSent < 10_000) {
+        const { rows } = await query(`SELECT 1 FROM received WHERE message_id = 'last'`, [], url);
+        if (rows.length > 0) {
+          lastDeliveredMs = Math.round(performance.now() - lastSent);
+          break;
+        }
+        await sleep(20);
+      }
       await sub.stop();
 
       const twice = received.filter((r) => r.deliveries > 1).map((r) => r.message_id);
@@ -630,6 +641,7 @@ describe('outbox across an immediate restart', () => {
         twice: twice.length,
         undelivered: undelivered.length,
         caughtUpMs,
+        lastDeliveredMs,
         appendErrors: Object.fromEntries(appendErrors),
         consumerErrors: handlerErrors.slice(0, 5),
       });
@@ -639,6 +651,9 @@ describe('outbox across an immediate restart', () => {
       expect(twice).toEqual([]);
       expect(delivered.size).toBe(inTopic.length);
       expect(await ordo.outbox.deadLetters('restarts-consumer')).toEqual([]);
+      // Bounded well below the 60 s poll: woken by a notification.
+      expect(lastDeliveredMs).toBeDefined();
+      expect(lastDeliveredMs!).toBeLessThan(5_000);
     } finally {
       await ordo.close();
     }
