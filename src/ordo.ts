@@ -142,7 +142,8 @@ export class Ordo {
   async ping(): Promise<number> {
     this.ensureOpen();
     const started = performance.now();
-    await this.inFlight.query(this.pool, 'SELECT 1', []);
+    // Not retried: a readiness probe wants the answer now, not after connectTimeout.
+    await this.inFlight.query(this.pool, 'SELECT 1', [], 0);
     return Math.round((performance.now() - started) * 10) / 10;
   }
 

@@ -279,6 +279,8 @@ describe('ordo serve while PostgreSQL restarts', () => {
       expect(load.statuses.get(500) ?? 0, `500s: ${load.unexpected.join(' | ')}`).toBe(0);
       expect(load.unexpected).toEqual([]);
       expect(load.withoutRetryAfter).toBe(0);
+      // A restart is a passing state: logged as warnings, never as a server fault.
+      expect(serverErrors(serve)).toEqual({});
       expect(load.hung).toBe(0);
       expect(load.abandoned).toBe(0);
       // The restarts did reach the clients, and they went on after each.

@@ -264,7 +264,9 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
       (error.validation ? 'invalid_argument' : error.code ? FASTIFY_CODES[error.code] : undefined) ??
       (typeof error.statusCode === 'number' && error.statusCode < 500 ? 'invalid_argument' : undefined);
     const ordoError = known ?? (code ? new OrdoError(code, error.message) : toOrdoError(error));
-    if (ordoError.httpStatus >= 500) request.log.error({ err: error }, 'request failed');
+    // A 503 is a passing state the client retries (a restart): a warning; a 500 is a fault.
+    if (ordoError.httpStatus === 503) request.log.warn({ code: ordoError.code }, ordoError.message);
+    else if (ordoError.httpStatus >= 500) request.log.error({ err: error }, 'request failed');
     metrics.errors.inc({ code: ordoError.code });
     // Every 503 is transient (a restart, a timeout, a closing server): say when to come back.
     if (ordoError.httpStatus === 503) reply.header('retry-after', String(RETRY_AFTER_S));
