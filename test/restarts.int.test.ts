@@ -4,8 +4,11 @@
 // clients, a library client hands out batched ids, and an outbox consumer reads what writers
 // append. Nothing answers a 500, every 503 says when to come back, no committed number is lost
 // or given twice when clients retry with an Idempotency-Key, no batched call fails or hangs
-// within its TIMEOUT, and every committed message is delivered exactly once.
+// within its TIMEOUT, and every committed message is delivered exactly once. A proxy that
+// swallows PostgreSQL's answer after the commit shows what the key is for: without it, that
+// number is committed and held by nobody.
 import { randomUUID } from 'node:crypto';
+import { connect, createServer, type Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -215,6 +218,64 @@ async function committed(url: string, sequence: string): Promise<number> {
   return rows[0].n as number;
 }
 
+/**
+ * A TCP proxy in front of the server that, while `swallow` is on, drops whatever PostgreSQL
+ * sends and cuts the connection 100 ms later: a statement runs and commits, and its answer is
+ * lost on the way back, as when the network fails at the wrong moment. Deterministic, where a
+ * restart only rarely lands between a commit and its answer.
+ */
+interface CuttingProxy {
+  port: number;
+  swallow: boolean;
+  /** Connections cut so far. */
+  cuts: number;
+  close(): Promise<void>;
+}
+
+async function cuttingProxy(targetPort: number): Promise<CuttingProxy> {
+  const sockets = new Set<Socket>();
+  const proxy = createServer((client) => {
+    const upstream = connect(targetPort, '127.0.0.1');
+    sockets.add(client);
+    sockets.add(upstream);
+    let cutting: NodeJS.Timeout | undefined;
+    const end = () => {
+      clearTimeout(cutting);
+      client.destroy();
+      upstream.destroy();
+      sockets.delete(client);
+      sockets.delete(upstream);
+    };
+    client.on('data', (chunk) => upstream.write(chunk));
+    upstream.on('data', (chunk) => {
+      if (!state.swallow) {
+        client.write(chunk);
+        return;
+      }
+      cutting ??= setTimeout(() => {
+        state.cuts++;
+        end();
+      }, 100);
+    });
+    for (const s of [client, upstream]) {
+      s.on('error', end);
+      s.on('close', end);
+    }
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  const state: CuttingProxy = {
+    port: (proxy.address() as { port: number }).port,
+    swallow: false,
+    cuts: 0,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy();
+        proxy.close(() => resolve());
+      }),
+  };
+  return state;
+}
+
 describe('ordo serve while PostgreSQL restarts', () => {
   it(`${CLIENTS} clients retrying with Idempotency-Key through fast and immediate restarts and killed backends: no 500, every 503 with Retry-After, the numbers held are exactly 1..n`, async () => {
     const url = await database('restarts_http');
@@ -294,6 +355,60 @@ describe('ordo serve while PostgreSQL restarts', () => {
       expect(held.at(-1)).toBe(n);
     } finally {
       await serve.stop().catch(() => undefined);
+    }
+  });
+
+  it('an answer lost after its commit: without a key the number is committed and held by nobody; the same Idempotency-Key again gets that number', async () => {
+    const url = await database('restarts_cut');
+    const proxy = await cuttingProxy(server.port);
+    const viaProxy = new URL(url);
+    viaProxy.port = String(proxy.port);
+    const serve = await startServer({ databaseUrl: viaProxy.toString() });
+    const next = async (key?: string) => {
+      const r = await fetch(`${serve.url}/v1/sequences/cut/next`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
+        body: '{}',
+        signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+      });
+      const body = (await r.json()) as { value?: number; code?: string };
+      return { status: r.status, retryAfter: r.headers.get('retry-after'), ...body };
+    };
+    /** One call whose answer from PostgreSQL is swallowed. */
+    const cut = async (key?: string) => {
+      proxy.swallow = true;
+      try {
+        return await next(key);
+      } finally {
+        proxy.swallow = false;
+      }
+    };
+    try {
+      const defined = await fetch(`${serve.url}/v1/sequences/cut`, {
+        method: 'PUT',
+        headers: { 'content-type': 'application/json' },
+        body: '{}',
+      });
+      expect(defined.status).toBe(200);
+      expect((await next()).value).toBe(1);
+
+      // Without a key: 503, and number 2 is committed all the same. The next call gets 3.
+      const lost = await cut();
+      expect(lost).toMatchObject({ status: 503, retryAfter: '1', code: 'database_unavailable' });
+      expect(await committed(url, 'cut')).toBe(2);
+      expect((await next()).value).toBe(3);
+
+      // With a key: 503, number 4 committed; the same key again answers 4 and takes nothing.
+      const key = randomUUID();
+      expect(await cut(key)).toMatchObject({ status: 503, retryAfter: '1' });
+      expect(await committed(url, 'cut')).toBe(4);
+      expect(await next(key)).toMatchObject({ status: 200, value: 4 });
+      expect(await committed(url, 'cut')).toBe(4);
+      expect((await next()).value).toBe(5);
+      expect(proxy.cuts).toBeGreaterThanOrEqual(2);
+    } finally {
+      await serve.stop().catch(() => undefined);
+      await proxy.close();
     }
   });
 
