@@ -6,6 +6,13 @@ import { quoteIdent } from '../db/migrations.js';
  */
 export function sequencePlans(schema: string) {
   const s = quoteIdent(schema);
+  /**
+   * A number handed out must survive a crash: with synchronous_commit off (a common speed
+   * setting), a commit acknowledged before its WAL is flushed can be lost, the counter goes
+   * back, and the number is handed out again. Read at commit, so setting it anywhere in the
+   * transaction makes that commit durable.
+   */
+  const durable = `CROSS JOIN (SELECT set_config('synchronous_commit', 'on', true)) AS durable`;
   const columns =
     'name, kind, start, batch, timeout_ms, increment, min_value, max_value, cycle, reset, time_zone, format, epoch, created_at, updated_at';
   return {
@@ -22,15 +29,15 @@ export function sequencePlans(schema: string) {
     remove: `SELECT ${s}.remove_sequence($1) AS removed`,
     alterTimeout: `SELECT ${s}.alter_sequence_timeout($1, $2) AS altered`,
     /** A node's range of a batched sequence: one nextval() on its storage, plus the ownership row. */
-    reserve: `SELECT first, last, epoch, increment, timeout_ms FROM ${s}.reserve($1, $2, $3)`,
+    reserve: `SELECT first, last, epoch, increment, timeout_ms FROM ${s}.reserve($1, $2, $3) ${durable}`,
     /** Epochs of the batched sequences a node holds ranges of (a missed NOTIFY cannot keep a range alive). */
     epochs: `SELECT name, epoch, kind FROM ${s}.sequences WHERE name = ANY($1::text[])`,
     /** The hot path: `how_many` consecutive values, in order, in one statement. */
-    take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4)`,
+    take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4) ${durable}`,
     /** take(), once per (sequence, idempotency key): a retry with the key gets the same values. */
-    takeOnce: `SELECT value, text, period, replayed FROM ${s}.take_once($1, $2, coalesce($3::timestamptz, now()), $4, $5)`,
+    takeOnce: `SELECT value, text, period, replayed FROM ${s}.take_once($1, $2, coalesce($3::timestamptz, now()), $4, $5) ${durable}`,
     /** Coalesced standalone calls for several (sequence, scope, at) at once. */
-    takeMany: `SELECT request, value, text, period FROM ${s}.take_many($1::text[], $2::text[], $3::timestamptz[], $4::integer[])`,
+    takeMany: `SELECT request, value, text, period FROM ${s}.take_many($1::text[], $2::text[], $3::timestamptz[], $4::integer[]) ${durable}`,
   };
 }
 
