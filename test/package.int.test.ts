@@ -9,7 +9,7 @@ import { createRequire } from 'node:module';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { delimiter, dirname, join, resolve } from 'node:path';
+import { delimiter, dirname, join, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -28,20 +28,26 @@ let cjsApp = '';
 let installed = '';
 
 /**
- * The environment of an application's shell: not this repository's `npm test` (its scripts'
- * variables, its node_modules/.bin on PATH), no NODE_OPTIONS or NODE_PATH, and no database.
+ * The environment of an application's shell, not of the `npm test` (or `npm exec`) that runs this
+ * file: npm hands its scripts its whole configuration as npm_config_* variables (a `call`, a
+ * `workspace`, `ignore-scripts`…), which would change what the npm and npx below do. Kept: where
+ * the registry is and how to reach it, and whatever the machine itself sets (NPM_CONFIG_*,
+ * NPM_TOKEN). Dropped too: npm's script variables, this repository's node_modules/.bin on PATH,
+ * NODE_OPTIONS, NODE_PATH, and any database.
  */
+const NPM_KEPT =
+  /^npm_config_(registry|@.+:registry|cache|userconfig|globalconfig|cafile|ca|cert|key|strict_ssl|proxy|https_proxy|noproxy|no_proxy|fetch_.+|maxsockets)$/;
 const ENV: NodeJS.ProcessEnv = Object.fromEntries(
   Object.entries(process.env).filter(
     ([k]) =>
-      !/^(npm_lifecycle_|npm_package_|npm_config_local_prefix$|npm_command$|INIT_CWD$|NODE_OPTIONS$|NODE_PATH$|DATABASE_URL$|ORDO_)/.test(
-        k,
-      ),
+      !(
+        /^npm_(config_|lifecycle_|package_|command$|execpath$|node_execpath$)/.test(k) && !NPM_KEPT.test(k)
+      ) && !/^(INIT_CWD|NODE_OPTIONS|NODE_PATH|DATABASE_URL|ORDO_.*)$/.test(k),
   ),
 );
 ENV.PATH = (process.env.PATH ?? '')
   .split(delimiter)
-  .filter((p) => !resolve(p).startsWith(resolve(ROOT)))
+  .filter((p) => !`${resolve(p)}${sep}`.startsWith(`${resolve(ROOT)}${sep}`))
   .join(delimiter);
 ENV.npm_config_loglevel = 'error';
 ENV.npm_config_update_notifier = 'false';
@@ -94,8 +100,8 @@ beforeAll(async () => {
   scratch = await mkdtemp(join(tmpdir(), 'ordo-package-'));
   const packed = join(scratch, 'packed');
   await mkdir(packed);
-  // `npm pack` runs the prepare script, a clean build, and writes the one tarball there.
-  await ok(ROOT, 'npm', ['pack', '--pack-destination', packed]);
+  // `npm pack` runs the prepare script (a clean build) and writes the one tarball there.
+  await ok(ROOT, 'npm', ['pack', '--ignore-scripts=false', '--pack-destination', packed]);
   const tarballs = (await readdir(packed)).filter((f) => f.endsWith('.tgz'));
   expect(tarballs).toHaveLength(1);
   tarball = join(packed, tarballs[0]!);
