@@ -2,8 +2,9 @@
 // then `npm install <tarball>` into two new applications, one ES module and one CommonJS, with the
 // real npm and the registry (its cache first). No PostgreSQL comes with it; the public types
 // compile in the strictest settings with nothing else installed; import and require both work;
-// the package holds what runs and nothing else; every source map resolves; the `ordo` command
-// runs, and the embedded database says what to install when it is asked for. No database needed.
+// the package holds what runs and nothing else; arethetypeswrong agrees; every source map
+// resolves; the `ordo` command runs, and the embedded database says what to install when it is
+// asked for. No database needed.
 import { execFile } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
@@ -66,6 +67,7 @@ async function run(cwd: string, file: string, args: string[]): Promise<Ran> {
       env: ENV,
       encoding: 'utf8',
       maxBuffer: 64 * 1024 * 1024,
+      timeout: 240_000,
     });
     return { code: 0, stdout, stderr };
   } catch (e) {
