@@ -131,7 +131,7 @@ describe('ordo CLI', () => {
     expect(json.code).toBe(1);
     expect(JSON.parse(json.out)).toEqual([
       { result: null },
-      { error: 'The query was not executed because it exceeded the timeout', code: 'timeout' },
+      { error: 'The query was not executed because it exceeded the timeout: 0ns', code: 'timeout' },
     ]);
     const bad = cli('sql', 'DEFINE SEQUENCE');
     expect(bad.code).toBe(1);

@@ -452,7 +452,7 @@ describe('POST /v1/query', () => {
     expect(timedOut.status).toBe(200);
     expect(timedOut.json).toEqual([
       { result: null },
-      { error: 'The query was not executed because it exceeded the timeout', code: 'timeout' },
+      { error: 'The query was not executed because it exceeded the timeout: 0ns', code: 'timeout' },
     ]);
     expect((await api('GET', '/v1/sequences/mySeq3')).json).toMatchObject({ kind: 'batched', timeoutMs: 0 });
   });
@@ -761,7 +761,7 @@ describe('errors: every code the HTTP API answers, with its status and { code, m
     check(
       await api('POST', '/v1/sequences/stuck/next'),
       'timeout',
-      'The query was not executed because it exceeded the timeout',
+      'The query was not executed because it exceeded the timeout: 0ns',
     );
     check(await api('POST', '/v1/sequences/stuck/next', { json: { count: 2 } }), 'timeout');
   });
