@@ -463,7 +463,8 @@ async function runningPort(dir: string): Promise<number | undefined> {
   return alive(pid) ? port : undefined;
 }
 
-function freePort(): Promise<number> {
+/** A port on 127.0.0.1 that was free a moment ago. */
+export function freePort(): Promise<number> {
   return new Promise((resolvePort, reject) => {
     const server = createServer();
     server.unref();

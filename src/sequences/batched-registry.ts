@@ -1,7 +1,6 @@
 import type pg from 'pg';
 import { clientLike } from '../db/clients.js';
 import type { Notifications } from '../db/notifications.js';
-import { quoteIdent } from '../db/migrations.js';
 import type { Queryable } from '../db/queryable.js';
 import { Allocator, type Reservation, type UnusedTail } from './batched.js';
 import type { SequenceDefinition } from './definitions.js';
@@ -13,15 +12,6 @@ type Run = (db: Queryable, text: string, values: unknown[], retryMs?: number) =>
 const EPOCH_CHECK_MS = 2000;
 /** How long a closing node waits for a sequence's lock to give its unused values back. */
 const GIVE_BACK_WAIT_MS = 1000;
-
-/**
- * The statement that gives a closing node's unused values back (sql/migrations/0007).
- * Built from the schema of the plans' NOTIFY channel, `ordo_sequences.<schema>`.
- */
-function giveBackStatement(plans: SequencePlans): string {
-  const schema = quoteIdent(plans.channel.slice('ordo_sequences.'.length));
-  return `SELECT ${schema}.give_back($1, $2, $3, $4, $5, $6) AS given_back`;
-}
 
 /**
  * This node's ranges of batched sequences. Redefinitions and removals reach it three ways:
@@ -127,7 +117,7 @@ export class BatchedRegistry {
    */
   private async giveBack(name: string, tail: UnusedTail): Promise<void> {
     const values = [name, this.nodeId, tail.epoch, tail.lastFirst, tail.from, GIVE_BACK_WAIT_MS];
-    await this.run(this.pool, giveBackStatement(this.plans), values, 0).catch(() => undefined);
+    await this.run(this.pool, this.plans.giveBack, values, 0).catch(() => undefined);
   }
 
   private connectReserver(): void {

@@ -30,6 +30,8 @@ export function sequencePlans(schema: string) {
     alterTimeout: `SELECT ${s}.alter_sequence_timeout($1, $2) AS altered`,
     /** A node's range of a batched sequence: one nextval() on its storage, plus the ownership row. */
     reserve: `SELECT first, last, epoch, increment, timeout_ms FROM ${s}.reserve($1, $2, $3) ${durable}`,
+    /** A closing node gives its unused values back, if they end the last range (compare-and-set). */
+    giveBack: `SELECT ${s}.give_back($1, $2, $3, $4, $5, $6) AS given_back`,
     /** Epochs of the batched sequences a node holds ranges of (a missed NOTIFY cannot keep a range alive). */
     epochs: `SELECT name, epoch, kind FROM ${s}.sequences WHERE name = ANY($1::text[])`,
     /** The hot path: `how_many` consecutive values, in order, in one statement. */

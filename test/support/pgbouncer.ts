@@ -1,11 +1,11 @@
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { existsSync, rmSync } from 'node:fs';
 import { chmod, chown, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
+import { freePort } from '../../src/db/embedded.js';
 
 export interface PgBouncer {
   /** The upstream URL with PgBouncer's host and port: same user, password and database. */
@@ -209,21 +209,6 @@ async function ready(url: string): Promise<string | undefined> {
     await sleep(50);
   }
   return `no connection within ${START_TIMEOUT_MS} ms (${String(last)})`;
-}
-
-/** A port that was free a moment ago. */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      server.close(() => {
-        if (address && typeof address === 'object') resolve(address.port);
-        else reject(new Error('no port'));
-      });
-    });
-  });
 }
 
 /** The system user `postgres`: PgBouncer, like PostgreSQL, refuses to run as root. */

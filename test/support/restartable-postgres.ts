@@ -6,10 +6,10 @@
 import { type SpawnOptions, spawn, spawnSync } from 'node:child_process';
 import { existsSync, rmSync } from 'node:fs';
 import { appendFile, chmod, chown, mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
+import { freePort } from '../../src/db/embedded.js';
 
 const BINDIR = process.env.PG_BINDIR ?? '/usr/lib/postgresql/15/bin';
 /** How long pg_ctl may take to start or stop the server (-t), and how long we wait for pg_ctl. */
@@ -247,21 +247,6 @@ async function waitForConnections(url: string, timeoutMs = 15_000): Promise<void
     }
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
-}
-
-/** A port that was free a moment ago. */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      server.close(() => {
-        if (address && typeof address === 'object') resolve(address.port);
-        else reject(new Error('no port'));
-      });
-    });
-  });
 }
 
 /** The system user `postgres`, which Debian's PostgreSQL packages create. */
