@@ -9,6 +9,7 @@ import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { drawer, duplicates, maxOf, range } from './support/drawer.js';
 
 const TIMEOUT_MESSAGE = 'The query was not executed because it exceeded the timeout';
 const MAX = 9007199254740991;
@@ -54,70 +55,6 @@ async function until(what: string, check: () => boolean | Promise<boolean>, ms =
 }
 
 const strictlyIncreasing = (xs: number[]) => xs.every((x, i) => i === 0 || x > xs[i - 1]!);
-const maxOf = (...lists: number[][]) =>
-  lists.reduce((m, list) => list.reduce((a, b) => Math.max(a, b), m), Number.NEGATIVE_INFINITY);
-const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
-
-function duplicates(...lists: number[][]): number[] {
-  const seen = new Set<number>();
-  const dup: number[] = [];
-  for (const list of lists)
-    for (const v of list) {
-      if (seen.has(v)) dup.push(v);
-      seen.add(v);
-    }
-  return dup;
-}
-
-interface Drawer {
-  values: number[];
-  /** When each value was drawn (performance.now()), same index as values. */
-  times: number[];
-  error: unknown;
-  stoppedAt: number | undefined;
-  stop(): Promise<void>;
-  done: Promise<void>;
-}
-
-/**
- * Draws from `name` in a loop until stopped, an error, or `limit` values. Pauses `pauseMs`
- * every `every` values: a node holds its ranges for a while, and its event loop turns (as
- * any real application's does) so notifications and timers are seen.
- */
-function drawer(
-  o: Ordo,
-  name: string,
-  pace: { every?: number; pauseMs?: number; limit?: number } = {},
-): Drawer {
-  const { every = 100, pauseMs = 1, limit = Number.POSITIVE_INFINITY } = pace;
-  let stopping = false;
-  const d: Drawer = {
-    values: [],
-    times: [],
-    error: undefined,
-    stoppedAt: undefined,
-    stop: async () => {
-      stopping = true;
-      await d.done;
-    },
-    done: Promise.resolve(),
-  };
-  d.done = (async () => {
-    while (!stopping && d.values.length < limit) {
-      try {
-        d.values.push(await o.nextval(name));
-        d.times.push(performance.now());
-      } catch (e) {
-        d.error = e;
-        d.stoppedAt = performance.now();
-        return;
-      }
-      if (d.values.length % every === 0) await sleep(pauseMs);
-    }
-  })();
-  return d;
-}
-
 /** A pool of one's own, ended after the test; `Client` is the class of every connection. */
 function ownPool(max: number, Client: typeof pg.Client = pg.Client): pg.Pool {
   const pool = new pg.Pool({ connectionString: db.url, max, Client });

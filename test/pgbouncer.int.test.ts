@@ -9,6 +9,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type LogEntry, type Ordo, type OrdoOptions } from '../src/index.js';
+import { drawer, duplicates, maxOf, range } from './support/drawer.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import { type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import { runCli, startServer } from './support/server-process.js';
@@ -92,64 +93,8 @@ async function until(what: string, check: () => boolean | Promise<boolean>, ms =
   }
 }
 
-const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
 const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
 const strictlyIncreasing = (xs: number[]) => xs.every((x, i) => i === 0 || x > xs[i - 1]!);
-/** Math.max without spreading (a node may draw hundreds of thousands of values). */
-const maxOf = (...lists: number[][]) =>
-  lists.reduce((m, list) => list.reduce((a, b) => Math.max(a, b), m), Number.NEGATIVE_INFINITY);
-
-function duplicates(...lists: number[][]): number[] {
-  const seen = new Set<number>();
-  const dup: number[] = [];
-  for (const list of lists)
-    for (const v of list) {
-      if (seen.has(v)) dup.push(v);
-      seen.add(v);
-    }
-  return dup;
-}
-
-interface Drawer {
-  values: number[];
-  /** performance.now() of each value, same index. */
-  times: number[];
-  error: unknown;
-  stoppedAt: number | undefined;
-  stop(): Promise<void>;
-  done: Promise<void>;
-}
-
-/** Draws from a batched sequence until stopped or an error, letting the event loop turn every 100 values. */
-function drawer(o: Ordo, name: string): Drawer {
-  let stopping = false;
-  const d: Drawer = {
-    values: [],
-    times: [],
-    error: undefined,
-    stoppedAt: undefined,
-    stop: async () => {
-      stopping = true;
-      await d.done;
-    },
-    done: Promise.resolve(),
-  };
-  d.done = (async () => {
-    while (!stopping) {
-      try {
-        d.values.push(await o.nextval(name));
-        d.times.push(performance.now());
-      } catch (e) {
-        d.error = e;
-        d.stoppedAt = performance.now();
-        return;
-      }
-      if (d.values.length % 100 === 0) await sleep(1);
-    }
-  })();
-  return d;
-}
-
 const routes = [
   { route: 'listenUrl', state: 'ok', options: () => ({ listenUrl: directUrl }) },
   { route: 'database', state: 'lost', options: () => ({}) },
