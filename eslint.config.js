@@ -16,4 +16,20 @@ export default tseslint.config(
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
     },
   },
+  // Surfaces use only what an application can: the public API in src/index.ts. Whatever they
+  // need is exported there, so the package's users can build the same surfaces.
+  surfaceImports('src/server/*.ts', 'index\\.js'),
+  // The CLI starts the server surface through its entry, app.ts, which re-exports what it needs.
+  surfaceImports('src/cli/*.ts', 'index\\.js|server/app\\.js'),
 );
+
+function surfaceImports(files, allowed) {
+  const message =
+    'a surface imports only the public API (../index.js); export what it needs from src/index.ts';
+  return {
+    files: [files],
+    rules: {
+      'no-restricted-imports': ['error', { patterns: [{ regex: `^\\.\\./(?!(${allowed})$)`, message }] }],
+    },
+  };
+}

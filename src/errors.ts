@@ -12,6 +12,8 @@ export const ERROR_CODES = {
   sequence_exhausted: 409,
   subscription_not_found: 404,
   subscription_conflict: 409,
+  subscription_busy: 409,
+  receipt_expired: 409,
   throttle_not_found: 404,
   throttle_exists: 409,
   permit_not_found: 404,
@@ -69,6 +71,7 @@ const SQLSTATE_CODES: Record<string, OrdoErrorCode> = {
   OX008: 'permit_expired',
   OX010: 'subscription_not_found',
   OX011: 'subscription_conflict',
+  OX020: 'subscription_busy',
   '22003': 'invalid_argument', // numeric_value_out_of_range
   '22008': 'invalid_argument', // datetime_field_overflow
   '22009': 'invalid_argument', // invalid_time_zone_displacement_value
@@ -201,3 +204,19 @@ function wrap(code: OrdoErrorCode, message: string, cause: unknown, statement?: 
   if (statement) Object.defineProperty(wrapped, 'statement', { value: statement, enumerable: false });
   return wrapped;
 }
+
+/**
+ * Whether an error proves its statement wrote nothing: it never reached the server, the
+ * server answered it with an error (a standalone statement that fails is rolled back), or ordo
+ * refused it. A lost connection or a client-side timeout proves nothing: the statement may
+ * have committed.
+ */
+export function wroteNothing(error: unknown): boolean {
+  if (neverSent(error)) return true;
+  if (error instanceof OrdoError && !OUTCOME_UNKNOWN.has(error.code)) return true;
+  const cause = error instanceof OrdoError ? error.cause : error;
+  const e = cause as { code?: unknown; severity?: unknown } | undefined;
+  return typeof e?.severity === 'string' && typeof e.code === 'string';
+}
+
+const OUTCOME_UNKNOWN = new Set<OrdoErrorCode>(['timeout', 'database_unavailable', 'database_error']);

@@ -94,6 +94,7 @@ export class Ordo {
       (withTx) => this.ensureOpen(withTx),
       this.inFlight,
       config.nodeId,
+      this.listener,
     );
   }
 
@@ -115,7 +116,11 @@ export class Ordo {
     try {
       await client.query('BEGIN');
       const result = await fn(client);
-      await client.query('COMMIT');
+      // A commit can fail on ordo's account (a sequence attached at commit is exhausted): say
+      // so as an OrdoError. What fn throws is the caller's and passes through as it is.
+      await client.query('COMMIT').catch((e: unknown) => {
+        throw toOrdoError(e);
+      });
       return result;
     } catch (e) {
       await client.query('ROLLBACK').catch(() => {

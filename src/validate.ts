@@ -3,6 +3,15 @@ import { OrdoError } from './errors.js';
 /** Values are kept within ±(2^53 − 1) so a JavaScript number never rounds one. */
 export const MAX_VALUE = Number.MAX_SAFE_INTEGER;
 
+/**
+ * Keys, scopes, holders, message types and ids: texts of at most this many characters. The one
+ * declaration, read by the library's checks and by the HTTP schemas alike.
+ */
+export const MAX_TEXT = 200;
+
+/** The longest IANA time zone name accepted ('America/Argentina/ComodRivadavia' is 32). */
+export const MAX_TIME_ZONE_LENGTH = 64;
+
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
 
 export function invalid(message: string): OrdoError {

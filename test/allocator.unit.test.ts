@@ -5,15 +5,9 @@ import { setTimeout as sleep, setImmediate as tick } from 'node:timers/promises'
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { OrdoError } from '../src/errors.js';
-import {
-  Allocator,
-  BACKOFF_BASE_MS,
-  BACKOFF_CAP_MS,
-  backoffDelay,
-  type Reservation,
-  type Reserve,
-  TIMEOUT_MESSAGE,
-} from '../src/sequences/batched.js';
+import { BACKOFF_BASE_MS, BACKOFF_CAP_MS, backoffDelay } from '../src/db/backoff.js';
+import { retryDelay } from '../src/outbox/consumer.js';
+import { Allocator, type Reservation, type Reserve, TIMEOUT_MESSAGE } from '../src/sequences/batched.js';
 
 interface StorageOptions {
   batch: number;
@@ -152,6 +146,19 @@ describe('backoffDelay', () => {
     );
   });
 
+  it('takes other bounds: an outbox retry (retryDelay 100 ms, maxRetryDelay 30 s) doubles from 100 ms to 30 s', () => {
+    const top = (attempt: number) => retryDelay(attempt, 100, 30_000);
+    const fixed = (attempt: number) => backoffDelay(attempt - 1, () => 0.5, { base: 100, cap: 30_000 });
+    expect([1, 2, 3, 9, 10, 40].map(fixed)).toEqual([50, 100, 200, 12_800, 15_000, 15_000]);
+    for (const attempt of [1, 5, 12]) {
+      const samples = Array.from({ length: 500 }, () => top(attempt));
+      const ceiling = Math.min(30_000, 100 * 2 ** (attempt - 1));
+      expect(Math.max(...samples)).toBeLessThanOrEqual(ceiling);
+      expect(Math.min(...samples)).toBeGreaterThanOrEqual(0);
+      expect(Math.max(...samples)).toBeGreaterThan(ceiling * 0.9);
+    }
+  });
+
   it('is jittered over the whole interval (full jitter), not a fixed step', () => {
     for (const attempt of [3, 12]) {
       const samples = Array.from({ length: 1000 }, () => backoffDelay(attempt));
@@ -265,6 +272,40 @@ describe('Allocator', () => {
     const later = [a.takeNow(), a.takeNow(), a.takeNow()];
     expect(later).toEqual([11, 12, 13]);
     for (let i = 0; i < 6; i++) expect(a.takeNow()).toBeGreaterThanOrEqual(14);
+  });
+
+  it('retire(e): a reservation in flight that comes back from definition e is kept; one from before e is a gap', async () => {
+    const m = manual();
+    const a = new Allocator('ids', m.reserve, null, open);
+    const first = a.take();
+    m.pending[0]!.answer.resolve(range(0, 0, 1));
+    expect(await first).toBe(0); // the prefetch is in flight
+    // Redefined (epoch 2) while the prefetch waited behind the redefinition's lock: it took
+    // the first range of the new definition, which must be served, not thrown away.
+    a.retire(2, null);
+    expect(a.heldEpoch).toBeUndefined();
+    m.pending[1]!.answer.resolve(range(500, 500, 2));
+    expect(await a.take()).toBe(500);
+    // Epoch 3; the prefetch in flight comes back from epoch 2: a gap.
+    a.retire(3, 250);
+    m.pending[2]!.answer.resolve(range(501, 501, 2));
+    const next = a.take();
+    await flush();
+    expect(m.pending).toHaveLength(4);
+    expect(m.pending[3]!.waitMs).toBe(250); // the new definition's timeout
+    m.pending[3]!.answer.resolve(range(900, 900, 3));
+    expect(await next).toBe(900);
+  });
+
+  it('retire(e) with the epoch already held keeps the ranges (the echo of this node’s own redefinition)', async () => {
+    const s = storage({ batch: 10, epoch: () => 4 });
+    const a = new Allocator('ids', s.reserve, null, open);
+    expect(await a.take()).toBe(0);
+    a.retire(4, null);
+    a.retire(3, null);
+    expect([a.takeNow(), a.takeNow()]).toEqual([1, 2]);
+    a.retire(5, null);
+    expect(a.takeNow()).toBeUndefined();
   });
 
   it('drop() discards the range in use and the spare: the next value comes from a new reservation', async () => {

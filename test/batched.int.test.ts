@@ -124,8 +124,8 @@ async function lockWaiters(like: string): Promise<number> {
 }
 
 /** Defines through SQL, as another language would (ordo.define_sequence). */
-const defineSql = (name: string, batch: number, timeoutMs: number | null, mode: string) =>
-  `SELECT * FROM ordo.define_sequence('${name}', 'batched', 0, 1, 0, ${MAX}, false, ${batch}, ${
+const defineSql = (name: string, batch: number, timeoutMs: number | null, mode: string, start = 0) =>
+  `SELECT * FROM ordo.define_sequence('${name}', 'batched', ${start}, 1, ${start}, ${MAX}, false, ${batch}, ${
     timeoutMs ?? 'NULL'
   }, 'never', 'UTC', NULL, '${mode}')`;
 
@@ -591,6 +591,44 @@ describe('SQL callers and round trips', () => {
   });
 });
 
+describe('a clean close gives the unused rest back, never a value twice', () => {
+  it('a node that closes hands back its range only while no later range exists: nodes closing and drawing at once, SQL callers among them, no duplicate', async () => {
+    const name = 'givenBack';
+    await main.sequences.define({ name, kind: 'batched', batch: 100 });
+    // Alone: the rest comes back, and the next node goes on where it stopped.
+    const a = await node();
+    expect(await a.sequences.nextMany(name, 3)).toEqual(
+      [0, 1, 2].map((value) => expect.objectContaining({ value })),
+    );
+    await a.close();
+    const b = await node();
+    const afterA = (await b.nextval(name)) as number;
+    expect(afterA).toBe(3);
+    // A later range reserved by another node: closing b gives nothing back (it would be reused).
+    const c = await node();
+    const fromC = (await c.nextval(name)) as number;
+    await b.close();
+    const d = await node();
+    const fromD = (await d.nextval(name)) as number;
+    expect(fromD).toBeGreaterThan(fromC);
+    // Many at once: nodes drawing, closing and reopening while SQL callers take values.
+    const all: number[][] = [[0, 1, 2, afterA, fromC, fromD]];
+    const workers = range(1, 4).map(async () => {
+      for (let round = 0; round < 8; round++) {
+        const n = await node();
+        all.push((await n.sequences.nextMany(name, 1 + round * 7)).map((i) => i.value as number));
+        await n.close();
+      }
+    });
+    const sql: number[] = [];
+    const sqlLoop = (async () => {
+      for (let i = 0; i < 60; i++) sql.push(await sqlNextval(name));
+    })();
+    await Promise.all([...workers, sqlLoop]);
+    expect(duplicates(...all, sql)).toEqual([]);
+  });
+});
+
 describe('input checks', () => {
   it('scope or at on a batched sequence, batch 0 or 1,000,001: invalid_argument; nextMany gives increasing values', async () => {
     const name = 'strict';
@@ -719,6 +757,36 @@ describe('races between redefinition and reservation (found as bugs, fixed)', ()
       const result = await drawing;
       if (typeof result !== 'number') expect(result).toMatchObject({ code: 'sequence_not_found' });
     });
+  });
+
+  it('a prefetch that waited behind a redefinition took the new START: the node serves it, through the notification that follows', async () => {
+    const name = 'prefetched';
+    await main.sequences.define({ name, kind: 'batched', batch: 1 });
+    const n = await node();
+    expect(await n.nextval(name)).toBe(0);
+    await until(
+      'the prefetch of 1 is back',
+      async () =>
+        Number(
+          (await raw.query(`SELECT count(*) AS n FROM ordo.sequence_batches WHERE sequence = $1`, [name]))
+            .rows[0].n,
+        ) === 2,
+    );
+    const blocker = await raw.connect();
+    try {
+      await blocker.query('BEGIN');
+      await blocker.query(defineSql(name, 1, null, 'overwrite', 500));
+      // 1 comes from memory; the prefetch it starts waits for the redefinition's lock.
+      expect(await n.nextval(name)).toBe(1);
+      await until('the prefetch waits for the lock', async () => (await lockWaiters('%reserve%')) > 0);
+      await blocker.query('COMMIT');
+    } finally {
+      await blocker.query('ROLLBACK').catch(() => undefined);
+      blocker.release();
+    }
+    // The redefinition's NOTIFY reaches the node meanwhile: it must not throw 500 away.
+    await sleep(300);
+    expect([await n.nextval(name), await n.nextval(name)]).toEqual([500, 501]);
   });
 
   it('batched → gapless → batched never moves backwards', async () => {

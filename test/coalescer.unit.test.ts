@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { OrdoError } from '../src/errors.js';
+import { OrdoError, toOrdoError } from '../src/errors.js';
 import {
   Coalescer,
   type Issued,
@@ -143,6 +143,11 @@ function label(r: Request): string {
 }
 
 /** Lets every pending promise callback run. */
+/** An error as the server answers a failed statement (which it then rolled back), as ordo reports it. */
+const serverError = (sqlstate: string, message: string) =>
+  toOrdoError(Object.assign(new Error(message), { severity: 'ERROR', code: sqlstate }));
+const LOCK_TIMEOUT = serverError('55P03', 'canceling statement due to lock timeout');
+
 const settle = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 /** Records how each promise settled, and in what order. */
@@ -569,8 +574,8 @@ describe('Coalescer', () => {
       const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls = [c.take('a', '', null, 6000), c.take('a', '', null, 5000), c.take('b', '', null)];
       const [a1, a2, b] = await Promise.all(calls);
-      // The second caller of a does not fit; b, behind it but of another key, does.
-      expect(db.log()).toEqual(['batch a×6000 b×1', 'one a×5000']);
+      // The second caller of a does not fit; b, behind it, waits for its turn (arrival order).
+      expect(db.log()).toEqual(['one a×6000', 'batch a×5000 b×1']);
       expect([a1!.length, a1![0]!.value, a1!.at(-1)!.value]).toEqual([6000, 1, 6000]);
       expect([a2!.length, a2![0]!.value, a2!.at(-1)!.value]).toEqual([5000, 6001, 11000]);
       expect(values(b!)).toEqual([1]);
@@ -609,7 +614,7 @@ describe('Coalescer', () => {
       expect(db.log()).toEqual([]);
     });
 
-    it('a takeBatch answering a request with too few values refuses that request’s callers, and only them', async () => {
+    it('a takeBatch answering a request with too few values serves that request’s callers alone, and only them', async () => {
       const db = new FakeDb();
       const short: TakeBatch = async (requests) => {
         const answers = await db.takeBatch(requests);
@@ -621,14 +626,17 @@ describe('Coalescer', () => {
         one(c, 'b', '', null),
         one(c, 'b', '', null),
       ]);
-      expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'rejected']);
-      expect((results[1] as PromiseRejectedResult).reason).toMatchObject({ code: 'database_error' });
+      expect(results.map((r) => r.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled']);
+      // The short answer was never sliced: b's callers took their values again, alone (the fake
+      // counter had moved on by the two values of the short answer).
+      expect(db.log()).toEqual(['batch a×1 b×2', 'one b×1', 'one b×1']);
+      expect(results.map((r) => (r as PromiseFulfilledResult<Issued>).value.value)).toEqual([1, 3, 4]);
       await expect(c.idle()).resolves.toBeUndefined();
     });
   });
 
   describe('takeBatch failure', () => {
-    it('serves each group through takeOne on its own: an unknown key is refused, the others answered', async () => {
+    it('serves each caller through takeOne on its own: an unknown key is refused, the others answered', async () => {
       const db = new FakeDb({ unknown: ['nope'] });
       const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls = [
@@ -638,7 +646,8 @@ describe('Coalescer', () => {
         one(c, 'a', '', null),
       ];
       const results = await Promise.allSettled(calls);
-      expect(db.log()).toEqual(['batch a×2 nope×1 b×1', 'one a×2', 'one nope×1', 'one b×1']);
+      // Keys side by side, the callers of one key one after another.
+      expect(db.log()).toEqual(['batch a×2 nope×1 b×1', 'one a×1', 'one nope×1', 'one b×1', 'one a×1']);
       const refusal = db.statements[2]!.outcome;
       expect(refusal?.ok).toBe(false);
       expect(results).toEqual([
@@ -652,19 +661,37 @@ describe('Coalescer', () => {
     });
 
     it.each([
-      ['an OrdoError', new OrdoError('timeout', 'canceling statement due to lock timeout')],
-      ['a plain Error', new TypeError('cannot read properties of undefined')],
-      ['a string', 'connection reset'],
-    ])('falls back whatever it throws: %s', async (_, thrown) => {
+      ['a lock timeout from the server', LOCK_TIMEOUT],
+      ['an error the server answered', serverError('40P01', 'deadlock detected')],
+      ['a refusal of ordo', new OrdoError('sequence_not_found', 'The sequence was removed')],
+    ])('falls back when the statement surely wrote nothing: %s', async (_, thrown) => {
       const db = new FakeDb({ batchError: thrown });
       const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls = [...take(c, 'a', 2), ...take(c, 'b', 1)];
       expect(values(await Promise.all(calls))).toEqual([1, 2, 1]);
-      expect(db.log()).toEqual(['batch a×2 b×1', 'one a×2', 'one b×1']);
+      expect(db.log()).toEqual(['batch a×2 b×1', 'one a×1', 'one b×1', 'one a×1']);
       expect(db.statements[0]!.outcome).toEqual({ ok: false, error: thrown });
     });
 
-    it('runs the fallback statements in parallel, each answering its own group', async () => {
+    it.each([
+      ['a client-side timeout', toOrdoError(new Error('Query read timeout'))],
+      ['a lost connection', toOrdoError(new Error('Connection terminated unexpectedly'))],
+      ['a plain Error', new TypeError('cannot read properties of undefined')],
+      ['a string', 'connection reset'],
+    ])(
+      'gives every caller the error when the statement may have committed (%s): taking again could take twice',
+      async (_, thrown) => {
+        const db = new FakeDb({ batchError: thrown });
+        const c = new Coalescer(db.takeOne, db.takeBatch);
+        const calls = [...take(c, 'a', 2), ...take(c, 'b', 1)];
+        expect(await Promise.allSettled(calls)).toEqual(
+          calls.map(() => ({ status: 'rejected', reason: thrown })),
+        );
+        expect(db.log()).toEqual(['batch a×2 b×1']);
+      },
+    );
+
+    it('runs the fallback statements of different keys in parallel, outside the slots', async () => {
       const db = new FakeDb({ gated: true, unknown: ['nope'] });
       const c = new Coalescer(db.takeOne, db.takeBatch, 1);
       const calls = [one(c, 'a', '', null), one(c, 'nope', '', null), one(c, 'b', '', null)];
@@ -674,10 +701,10 @@ describe('Coalescer', () => {
       await settle();
       expect(db.log()).toEqual(['batch a×1 nope×1 b×1', 'one a×1', 'one nope×1', 'one b×1']);
       expect(db.gates).toHaveLength(3);
-      // Within the dispatch's one slot: a caller arriving now still waits.
+      // The fallback does not hold the one slot: a caller arriving now goes out at once.
       const late = one(c, 'a', '', null);
       await settle();
-      expect(db.statements).toHaveLength(4);
+      expect(db.log().slice(4)).toEqual(['one a×1']);
 
       db.openWhere('one b×1');
       await settle();
@@ -686,9 +713,10 @@ describe('Coalescer', () => {
       await settle();
       expect(brief(outcomes)).toEqual([undefined, 'sequence_not_found', 1]);
       await db.drain();
+      // The fallback's a was sent first and opened first; the late caller took the next value.
       expect(brief(outcomes)).toEqual([1, 'sequence_not_found', 1]);
       expect((await late).value).toBe(2);
-      expect(db.log().slice(4)).toEqual(['one a×1']);
+      expect(db.statements).toHaveLength(5);
     });
 
     it('falls back one by one for an exhausted group within the fallback', async () => {
@@ -696,7 +724,7 @@ describe('Coalescer', () => {
       const c = new Coalescer(db.takeOne, db.takeBatch);
       const { outcomes } = track([one(c, 'a', '', null), ...take(c, 'e', 3), one(c, 'a', '', null)]);
       await c.idle();
-      expect(db.log()).toEqual(['batch a×2 e×3', 'one a×2', 'one e×3', 'one e×1', 'one e×1', 'one e×1']);
+      expect(db.log()).toEqual(['batch a×2 e×3', 'one a×1', 'one e×1', 'one a×1', 'one e×1', 'one e×1']);
       expect(brief(outcomes)).toEqual([1, 1, 2, 'sequence_exhausted', 2]);
     });
   });
@@ -744,30 +772,39 @@ describe('Coalescer', () => {
     });
 
     it.each([
-      ['another OrdoError code', new OrdoError('timeout', 'canceling statement due to lock timeout')],
+      ['a lock timeout', LOCK_TIMEOUT],
       ['sequence_not_found', new OrdoError('sequence_not_found', 'The sequence was removed')],
-      [
-        'a plain Error that merely has the code',
-        Object.assign(new Error('exhausted'), { code: 'sequence_exhausted' }),
-      ],
-    ])('only it triggers the fallback: %s rejects the whole group, without retry', async (_, error) => {
+      ['an error the server answered', serverError('40P01', 'deadlock detected')],
+    ])(
+      'a shared statement that failed and wrote nothing (%s) serves its callers alone, in arrival order',
+      async (_, error) => {
+        const db = new FakeDb({ gated: true });
+        const c = new Coalescer(db.takeOne, db.takeBatch);
+        const calls = take(c, 'x', 3);
+        const { outcomes } = track(calls);
+        await settle();
+        db.failNext(error);
+        await settle();
+        expect(outcomes).toEqual([undefined, undefined, undefined]);
+        await db.drain();
+        expect(brief(outcomes)).toEqual([1, 2, 3]);
+        expect(db.log()).toEqual(['one x×3', 'one x×1', 'one x×1', 'one x×1']);
+      },
+    );
+
+    it('a lone caller’s failure is its answer, with no retry', async () => {
       const db = new FakeDb({ gated: true });
       const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = take(c, 'x', 3);
-      const { outcomes } = track(calls);
+      const { outcomes } = track([c.take('x', '', null, 3)]);
       await settle();
+      const error = new OrdoError('timeout', 'canceling statement due to lock timeout');
       db.failNext(error);
       await settle();
-      expect(outcomes).toEqual([
-        { ok: false, error },
-        { ok: false, error },
-        { ok: false, error },
-      ]);
-      for (const o of outcomes) expect(o?.ok === false && o.error).toBe(error);
+      expect(outcomes).toEqual([{ ok: false, error }]);
       expect(db.log()).toEqual(['one x×3']);
     });
 
-    it('in the fallback, each caller gets its own outcome in order; later callers wait for the slot', async () => {
+    it('in the fallback, each caller gets its own outcome in order; a later caller does not wait for it', async () => {
       const db = new FakeDb({ gated: true, limits: { x: 2 } });
       const c = new Coalescer(db.takeOne, db.takeBatch, 1);
       const { outcomes } = track(take(c, 'x', 3));
@@ -775,22 +812,22 @@ describe('Coalescer', () => {
       db.openAt(); // 3 asked, 2 left: exhausted
       await settle();
       expect(db.log()).toEqual(['one x×3', 'one x×1']);
+      // Outside the slot: a caller arriving now goes out at once, beside the fallback.
       const late = track([one(c, 'x', '', null)]).outcomes;
       await settle();
-      db.openAt(); // value 1
+      expect(db.log()).toEqual(['one x×3', 'one x×1', 'one x×1']);
+      db.openWhere('one x×1'); // the fallback's first: value 1
       await settle();
       expect(brief(outcomes)).toEqual([1, undefined, undefined]);
-      db.openAt(); // value 2
+      db.openAt(); // the late caller: value 2
       await settle();
-      db.openAt(); // exhausted
+      expect(brief(late)).toEqual([2]);
+      db.openAt(); // the fallback's second: exhausted
       await settle();
-      expect(brief(outcomes)).toEqual([1, 2, 'sequence_exhausted']);
-      // The late caller was not in the group: it goes out on its own once the fallback is over.
-      expect(late[0]).toBeUndefined();
+      db.openAt(); // the third: exhausted
+      await settle();
+      expect(brief(outcomes)).toEqual([1, 'sequence_exhausted', 'sequence_exhausted']);
       expect(db.log()).toEqual(['one x×3', 'one x×1', 'one x×1', 'one x×1', 'one x×1']);
-      db.openAt();
-      await settle();
-      expect(brief(late)).toEqual(['sequence_exhausted']);
     });
 
     it('in the fallback, another error refuses only the caller it hit', async () => {
@@ -825,7 +862,7 @@ describe('Coalescer', () => {
         return Promise.resolve([{ value: singles, text: `x-${singles}`, period: null, scope: '' }]);
       };
       const takeBatch = (): Promise<Issued[][]> => {
-        throw new Error('batch down');
+        throw serverError('40P01', 'deadlock detected');
       };
       const c = new Coalescer(takeOne, takeBatch, 1);
       const { outcomes } = track([one(c, 'down', '', null), ...take(c, 'x', 3)]);
@@ -908,14 +945,7 @@ describe('Coalescer', () => {
       }
       await expect(idle).resolves.toBeUndefined();
       expect(seen).toEqual([1, 1, 'sequence_exhausted', 'sequence_not_found']);
-      expect(db.log()).toEqual([
-        'batch a×1 e×2 nope×1',
-        'one a×1',
-        'one e×2',
-        'one nope×1',
-        'one e×1',
-        'one e×1',
-      ]);
+      expect(db.log()).toEqual(['batch a×1 e×2 nope×1', 'one a×1', 'one e×1', 'one nope×1', 'one e×1']);
     });
 
     it('never rejects, even when every statement fails', async () => {
@@ -923,7 +953,7 @@ describe('Coalescer', () => {
       const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls = [one(c, 'a', '', null), one(c, 'b', '', null)].map((p) => p.catch((e: unknown) => e));
       const idle = c.idle();
-      const boom = new Error('boom');
+      const boom = serverError('40P01', 'deadlock detected');
       for (let step = 0; step < 5; step++) {
         await settle();
         while (db.gates.length > 0) db.failNext(boom);

@@ -805,6 +805,8 @@ const UNREACHABLE: OrdoErrorCode[] = [
   'headers_too_large',
   'subscription_not_found',
   'subscription_conflict',
+  'subscription_busy',
+  'receipt_expired',
   'handler_failed',
   'throttle_not_found',
   'throttle_exists',

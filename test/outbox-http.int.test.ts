@@ -1,4 +1,6 @@
-// The outbox over HTTP: append to a topic, read a subscription's lag, with token scopes.
+// The outbox over HTTP: append to a topic, read a subscription's lag, consume it from any
+// language with receive / ack / nack (leases that lapse, retries, dead letters), seek, with
+// token scopes.
 import type { FastifyInstance } from 'fastify';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -9,16 +11,19 @@ import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 
 const READER = 'reader-token-0123456789';
 const ISSUER = 'issuer-token-0123456789';
+const ADMIN = 'admin-token-0123456789xx';
 
 let server: OwnPostgres;
 let ordo: Ordo;
 let app: FastifyInstance;
 
 beforeAll(async () => {
-  // Outbox reads depend on every open transaction on the server: this file has one of its own.
+  // A server of its own: the lag test names open transactions, which are cluster-wide.
   server = await ownPostgres();
   ordo = await createOrdo({ databaseUrl: server.url });
-  app = await buildServer(ordo, { tokens: parseTokens(`${READER}:read,${ISSUER}:next`) });
+  app = await buildServer(ordo, {
+    tokens: parseTokens(`${READER}:read,${ISSUER}:next,${ADMIN}:admin+next+read`),
+  });
 });
 
 afterAll(async () => {
@@ -27,7 +32,7 @@ afterAll(async () => {
   await server?.stop();
 });
 
-function call(method: 'GET' | 'POST', url: string, token: string | undefined, payload?: unknown) {
+function call(method: 'GET' | 'POST' | 'PUT', url: string, token: string | undefined, payload?: unknown) {
   return app.inject({
     method,
     url,
@@ -108,7 +113,7 @@ describe('POST /v1/topics/:topic/messages', () => {
 });
 
 describe('GET /v1/subscriptions/:name', () => {
-  it('shows the lag, then the open transaction that holds a subscription back', async () => {
+  it('shows the lag, and the open transaction that appended: it holds back its own message only', async () => {
     const received: OutboxMessage[] = [];
     const sub = await ordo.outbox.subscribe({
       name: 'http-lag',
@@ -118,34 +123,33 @@ describe('GET /v1/subscriptions/:name', () => {
     });
     const blocker = new pg.Client({ connectionString: server.url, application_name: 'forgotten-tx' });
     await blocker.connect();
+    const deadline = Date.now() + 10_000;
     try {
       await blocker.query('BEGIN');
-      await blocker.query('SELECT pg_current_xact_id()');
+      await blocker.query(`SELECT ordo.append('lagging', 'Held', '1')`);
       await call('POST', '/v1/topics/lagging/messages', ISSUER, { type: 'T', data: 1 });
+      while (received.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
       const r = await call('GET', '/v1/subscriptions/http-lag', READER);
       expect(r.statusCode).toBe(200);
       const lag = r.json();
-      expect(lag).toMatchObject({ name: 'http-lag', topic: 'lagging', messagesBehind: 1, waiting: 1 });
+      expect(lag).toMatchObject({ name: 'http-lag', topic: 'lagging', waiting: 1 });
+      expect(lag.partitions).toHaveLength(1);
       expect(lag.blockedBy).toMatchObject({
         pid: (await blocker.query('SELECT pg_backend_pid() AS pid')).rows[0].pid,
         state: 'idle in transaction',
         applicationName: 'forgotten-tx',
       });
-      expect(received).toEqual([]);
+      expect(received.map((m) => m.type)).toEqual(['T']);
     } finally {
       await blocker.query('ROLLBACK');
       await blocker.end();
     }
-    const deadline = Date.now() + 10_000;
-    while (received.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-    expect(received.map((m) => m.type)).toEqual(['T']);
-    // The handler has run; its checkpoint commits just after it returns.
     let after = (await call('GET', '/v1/subscriptions/http-lag', READER)).json();
     while (after.delivered === 0 && Date.now() < deadline) {
       await new Promise((r) => setTimeout(r, 20));
       after = (await call('GET', '/v1/subscriptions/http-lag', READER)).json();
     }
-    expect(after).toMatchObject({ messagesBehind: 0, blockedBy: null, delivered: 1 });
+    expect(after).toMatchObject({ messagesBehind: 0, blockedBy: null, waiting: 0, delivered: 1 });
     const list = await call('GET', '/v1/subscriptions', READER);
     expect(list.json().map((s: { name: string }) => s.name)).toContain('http-lag');
     await sub.stop();
@@ -157,5 +161,195 @@ describe('GET /v1/subscriptions/:name', () => {
     expect(missing.json().code).toBe('subscription_not_found');
     const issuer = await call('GET', '/v1/subscriptions/nobody', ISSUER);
     expect(issuer.statusCode).toBe(403);
+  });
+});
+
+describe('consumers over HTTP: receive, ack, nack', () => {
+  const labels = (r: { json(): { messages: { data: { n: number } }[] } }) =>
+    r.json().messages.map((m) => m.data.n);
+  const append = (topic: string, ns: number[], key?: string) =>
+    call('POST', `/v1/topics/${topic}/messages`, ISSUER, {
+      messages: ns.map((n) => ({ type: 'n', data: { n }, key: key ?? null })),
+    });
+
+  it('receive leases a batch; ack moves past it; a lapsed lease refuses the receipt and the batch comes again', async () => {
+    const created = await call('PUT', '/v1/subscriptions/http-consumer', ADMIN, { topic: 'work' });
+    expect(created.statusCode).toBe(200);
+    expect((await call('PUT', '/v1/subscriptions/http-consumer', ISSUER, { topic: 'work' })).statusCode).toBe(
+      403,
+    );
+    await append('work', [1, 2, 3, 4, 5]);
+
+    const first = await call('POST', '/v1/subscriptions/http-consumer/receive', ISSUER, {
+      max: 2,
+      visibilityTimeout: '300ms',
+    });
+    expect(first.statusCode).toBe(200);
+    expect(labels(first)).toEqual([1, 2]);
+    expect(first.json().attempt).toBe(1);
+    // The only partition is leased: nothing for another caller meanwhile.
+    const busy = await call('POST', '/v1/subscriptions/http-consumer/receive', ISSUER, {});
+    expect(busy.json()).toEqual({ messages: [], receipt: null, attempt: 0 });
+    await new Promise((r) => setTimeout(r, 450));
+    const late = await call('POST', '/v1/subscriptions/http-consumer/ack', ISSUER, {
+      receipt: first.json().receipt,
+    });
+    expect(late.statusCode).toBe(409);
+    expect(late.json().code).toBe('receipt_expired');
+    expect(late.json().message).toContain('visibilityTimeout');
+
+    const again = await call('POST', '/v1/subscriptions/http-consumer/receive', ISSUER, { max: 2 });
+    expect(labels(again)).toEqual([1, 2]);
+    const acked = await call('POST', '/v1/subscriptions/http-consumer/ack', ISSUER, {
+      receipt: again.json().receipt,
+    });
+    expect(acked.json()).toEqual({ handled: 2 });
+    // A receipt acknowledged once is spent.
+    const twice = await call('POST', '/v1/subscriptions/http-consumer/ack', ISSUER, {
+      receipt: again.json().receipt,
+    });
+    expect(twice.json().code).toBe('receipt_expired');
+    const rest = await call('POST', '/v1/subscriptions/http-consumer/receive', ISSUER, { max: 10 });
+    expect(labels(rest)).toEqual([3, 4, 5]);
+    await call('POST', '/v1/subscriptions/http-consumer/ack', ISSUER, { receipt: rest.json().receipt });
+    expect((await call('GET', '/v1/subscriptions/http-consumer', READER)).json()).toMatchObject({
+      messagesBehind: 0,
+      delivered: 5,
+    });
+  });
+
+  it('nack: a batch is split, its failing message retried after retryAfter, then parked after maxAttempts', async () => {
+    await call('PUT', '/v1/subscriptions/http-nack', ADMIN, { topic: 'nacked' });
+    await append('nacked', [1, 2, 3]);
+    const receive = () => call('POST', '/v1/subscriptions/http-nack/receive', ISSUER, { max: 10 });
+    const nack = (receipt: string, body: object = {}) =>
+      call('POST', '/v1/subscriptions/http-nack/nack', ISSUER, { receipt, ...body });
+
+    const batch = await receive();
+    expect(labels(batch)).toEqual([1, 2, 3]);
+    expect((await nack(batch.json().receipt, { error: 'which one?' })).json()).toEqual({
+      outcome: 'split',
+      attempts: 0,
+    });
+    // One at a time now.
+    const one = await receive();
+    expect(labels(one)).toEqual([1]);
+    await call('POST', '/v1/subscriptions/http-nack/ack', ISSUER, { receipt: one.json().receipt });
+    let two = await receive();
+    expect(labels(two)).toEqual([2]);
+    expect(
+      (await nack(two.json().receipt, { retryAfter: '400ms', maxAttempts: 2, error: 'boom' })).json(),
+    ).toEqual({
+      outcome: 'retry',
+      attempts: 1,
+    });
+    // Not before retryAfter.
+    expect(labels(await receive())).toEqual([]);
+    await new Promise((r) => setTimeout(r, 500));
+    two = await receive();
+    expect(labels(two)).toEqual([2]);
+    expect(two.json().attempt).toBe(2);
+    expect((await nack(two.json().receipt, { maxAttempts: 2, error: 'boom again' })).json()).toEqual({
+      outcome: 'parked',
+      attempts: 2,
+    });
+    const three = await receive();
+    expect(labels(three)).toEqual([3]);
+    await call('POST', '/v1/subscriptions/http-nack/ack', ISSUER, { receipt: three.json().receipt });
+    const dead = await ordo.outbox.deadLetters('http-nack');
+    expect(dead.map((d) => [d.data, d.attempts, d.error])).toEqual([[{ n: 2 }, 2, 'boom again']]);
+    expect((await ordo.outbox.lag('http-nack')).delivered).toBe(2);
+  });
+
+  it('partitions: callers receive different partitions at once, each in key order', async () => {
+    await call('PUT', '/v1/subscriptions/http-parts', ADMIN, { topic: 'parted', partitions: 4 });
+    for (let i = 0; i < 40; i++) await append('parted', [i], `k${i % 8}`);
+    const seen = new Map<string, number[]>();
+    for (let round = 0; round < 20; round++) {
+      const batches = await Promise.all(
+        [0, 1, 2, 3].map(() => call('POST', '/v1/subscriptions/http-parts/receive', ISSUER, { max: 3 })),
+      );
+      const receipts = batches.map((b) => b.json().receipt).filter((r): r is string => r !== null);
+      expect(new Set(receipts.map((r) => r.split('.')[0])).size).toBe(receipts.length);
+      for (const b of batches)
+        for (const m of b.json().messages as { key: string; data: { n: number } }[])
+          seen.set(m.key, [...(seen.get(m.key) ?? []), m.data.n]);
+      await Promise.all(
+        receipts.map((receipt) => call('POST', '/v1/subscriptions/http-parts/ack', ISSUER, { receipt })),
+      );
+      if (receipts.length === 0) break;
+    }
+    for (let k = 0; k < 8; k++) {
+      expect(seen.get(`k${k}`)).toEqual(Array.from({ length: 5 }, (_, i) => k + 8 * i));
+    }
+  });
+
+  it('bad receipts, bodies and names: 400 invalid_argument; unknown subscription 404; seek while held 409', async () => {
+    await call('PUT', '/v1/subscriptions/http-bad', ADMIN, { topic: 'bad' });
+    for (const receipt of ['nope', '1.2.http:zz', '999999.1.http:00000000-0000-0000-0000-000000000000']) {
+      const r = await call('POST', '/v1/subscriptions/http-bad/ack', ISSUER, { receipt });
+      expect([r.statusCode, r.json().code], receipt).toEqual([400, 'invalid_argument']);
+    }
+    const wrongMax = await call('POST', '/v1/subscriptions/http-bad/receive', ISSUER, { max: 0 });
+    expect([wrongMax.statusCode, wrongMax.json().code]).toEqual([400, 'invalid_argument']);
+    const unknown = await call('POST', '/v1/subscriptions/nobody/receive', ISSUER, {});
+    expect([unknown.statusCode, unknown.json().code]).toEqual([404, 'subscription_not_found']);
+    const reader = await call('POST', '/v1/subscriptions/http-bad/receive', READER, {});
+    expect(reader.statusCode).toBe(403);
+    const conflict = await call('PUT', '/v1/subscriptions/http-bad', ADMIN, { topic: 'bad', partitions: 2 });
+    expect([conflict.statusCode, conflict.json().code]).toEqual([409, 'subscription_conflict']);
+
+    await append('bad', [1]);
+    const held = await call('POST', '/v1/subscriptions/http-bad/receive', ISSUER, {
+      visibilityTimeout: '10s',
+    });
+    expect(held.json().receipt).not.toBeNull();
+    const seek = await call('POST', '/v1/subscriptions/http-bad/seek', ADMIN, { to: 'beginning' });
+    expect([seek.statusCode, seek.json().code]).toEqual([409, 'subscription_busy']);
+    await call('POST', '/v1/subscriptions/http-bad/ack', ISSUER, { receipt: held.json().receipt });
+    const replay = await call('POST', '/v1/subscriptions/http-bad/seek', ADMIN, { to: 'beginning' });
+    expect(replay.statusCode).toBe(200);
+    expect(labels(await call('POST', '/v1/subscriptions/http-bad/receive', ISSUER, {}))).toEqual([1]);
+  });
+});
+
+describe('GET /metrics: the outbox after a known workload', () => {
+  it('appended by topic; delivered, redelivered, lag and dead letters by subscription and partition', async () => {
+    await call('PUT', '/v1/subscriptions/metered', ADMIN, { topic: 'metered', partitions: 2 });
+    const appended = await call('POST', '/v1/topics/metered/messages', ISSUER, {
+      messages: ['a', 'b', 'c', 'd'].map((k) => ({ type: 'm', key: k, data: k })),
+    });
+    expect(appended.statusCode).toBe(200);
+    // One message parked (maxAttempts 1), one delivered again after a nack, the rest acknowledged.
+    let parked = false;
+    let retried = false;
+    for (let i = 0; i < 20; i++) {
+      const r = (await call('POST', '/v1/subscriptions/metered/receive', ISSUER, { max: 1 })).json();
+      if (r.receipt === null) break;
+      if (!parked) {
+        parked = true;
+        await call('POST', '/v1/subscriptions/metered/nack', ISSUER, { receipt: r.receipt, maxAttempts: 1 });
+      } else if (!retried) {
+        retried = true;
+        await call('POST', '/v1/subscriptions/metered/nack', ISSUER, { receipt: r.receipt, retryAfter: 0 });
+      } else await call('POST', '/v1/subscriptions/metered/ack', ISSUER, { receipt: r.receipt });
+    }
+    const text = (await call('GET', '/metrics', READER)).body;
+    const value = (metric: string, labels: string) => {
+      const line = text.split('\n').find((l) => l.startsWith(`${metric}{${labels}}`));
+      return line === undefined ? undefined : Number(line.split(' ').at(-1));
+    };
+    const sum = (metric: string) =>
+      text
+        .split('\n')
+        .filter((l) => l.startsWith(`${metric}{subscription="metered"`))
+        .reduce((n, l) => n + Number(l.split(' ').at(-1)), 0);
+    expect(value('ordo_outbox_appended_total', 'topic="metered"')).toBe(4);
+    expect(sum('ordo_outbox_delivered_total')).toBe(3);
+    expect(sum('ordo_outbox_redelivered_total')).toBe(1);
+    expect(sum('ordo_outbox_lag_messages')).toBe(0);
+    expect(value('ordo_outbox_dead_lettered_total', 'subscription="metered"')).toBe(1);
+    expect(value('ordo_outbox_open_appenders', 'subscription="metered"')).toBe(0);
+    expect(text).toContain('ordo_outbox_delivered_total{subscription="metered",partition="1"}');
   });
 });

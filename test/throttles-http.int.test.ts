@@ -120,7 +120,10 @@ describe('acquire and the ends of permits', () => {
     expect(refused.json).toMatchObject({ code: 'throttled', reason: 'every' });
     expect(refused.json.retryAfterMs).toBeGreaterThan(0);
     expect(refused.json.retryAfterMs).toBeLessThanOrEqual(1500);
-    expect(refused.json.message).toMatch(/'api' refused a start \(every\): retry in \d+ ms/);
+    expect(refused.json.message).toMatch(
+      /'api' \(key 'tenant-1'\) refused a start \(every\): retry in \d+ ms/,
+    );
+    expect(refused.json.limit).toEqual({ name: 'api', key: 'tenant-1' });
     // Whole seconds, rounded up.
     expect(refused.headers['retry-after']).toBe(String(Math.ceil(refused.json.retryAfterMs / 1000)));
 
@@ -198,6 +201,180 @@ describe('acquire and the ends of permits', () => {
       'invalid_argument',
     );
     expectError(await call('GET', '/v1/throttles/api/state?key=a&x=1', READER), 'invalid_argument');
+  });
+});
+
+describe('several limits, waiting in line, key limits and pauses', () => {
+  const waitFor = async (what: string, check: () => Promise<boolean>, ms = 5000) => {
+    const deadline = Date.now() + ms;
+    while (!(await check())) {
+      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  };
+  const waiting = async (name: string, key = '') => (await ordo.throttles.state(name, key)).waiting;
+
+  it('POST /v1/acquire: one permit for every item, or 429 naming the limit; bad bodies are 400', async () => {
+    await call('PUT', '/v1/throttles/global', ADMIN, { concurrency: 2 });
+    await call('PUT', '/v1/throttles/tenant', ADMIN, { concurrency: 1 });
+    const items = (key: string) => [{ name: 'global' }, { name: 'tenant', key }];
+    const a = await call('POST', '/v1/acquire', ISSUER, { items: items('a'), holder: 'w-a' });
+    expect(a.status).toBe(200);
+    expect(a.json.items).toEqual([
+      { name: 'global', key: '', cost: 1 },
+      { name: 'tenant', key: 'a', cost: 1 },
+    ]);
+    const again = await call('POST', '/v1/acquire', ISSUER, { items: items('a') });
+    expect(again.status).toBe(429);
+    expect(again.json).toMatchObject({ reason: 'concurrency', limit: { name: 'tenant', key: 'a' } });
+    expect((await call('POST', '/v1/acquire', ISSUER, { items: items('b') })).status).toBe(200);
+    const full = await call('POST', '/v1/acquire', ISSUER, { items: items('c') });
+    expect(full.json).toMatchObject({ reason: 'concurrency', limit: { name: 'global', key: '' } });
+    // The refusal took nothing: completing a's permit frees both of its items at once.
+    expect((await call('POST', `/v1/permits/${a.json.id}/complete`, ISSUER)).status).toBe(200);
+    expect((await call('POST', '/v1/acquire', ISSUER, { items: items('c') })).status).toBe(200);
+
+    expectError(await call('POST', '/v1/acquire', ISSUER, { items: [] }), 'invalid_argument');
+    const many = Array.from({ length: 17 }, (_, i) => ({ name: 'tenant', key: `k${i}` }));
+    expectError(await call('POST', '/v1/acquire', ISSUER, { items: many }), 'invalid_argument');
+    expectError(
+      await call('POST', '/v1/acquire', ISSUER, { items: [{ name: 'tenant' }, { name: 'tenant' }] }),
+      'invalid_argument',
+      /twice/,
+    );
+    expectError(
+      await call('POST', '/v1/acquire', ISSUER, { items: [{ name: 'tenant', cost: 2 }] }),
+      'invalid_argument',
+      /can never be granted/,
+    );
+    expectError(
+      await call('POST', '/v1/acquire', ISSUER, { items: [{ name: 'nope' }] }),
+      'throttle_not_found',
+    );
+    expectError(
+      await call('POST', '/v1/throttles/tenant/acquire', ISSUER, { wait: 60_001 }),
+      'invalid_argument',
+    );
+  });
+
+  it('wait: a long poll in line, answered when the permit ahead ends', async () => {
+    await call('PUT', '/v1/throttles/solo', ADMIN, { concurrency: 1 });
+    const held = await call('POST', '/v1/throttles/solo/acquire', ISSUER, {});
+    expect(held.status).toBe(200);
+    const waiter = call('POST', '/v1/throttles/solo/acquire', ISSUER, { wait: '10s', holder: 'patient' });
+    await waitFor('the waiter in line', async () => (await waiting('solo')) === 1);
+    // Others do not jump the line: a plain acquire is refused while someone waits.
+    const plain = await call('POST', '/v1/throttles/solo/acquire', ISSUER, {});
+    expect(plain.json).toMatchObject({ reason: 'concurrency' });
+    await call('POST', `/v1/permits/${held.json.id}/complete`, ISSUER);
+    const got = await waiter;
+    expect(got.status).toBe(200);
+    expect(got.json.holder).toBe('patient');
+    expect(await waiting('solo')).toBe(0);
+    await call('POST', `/v1/permits/${got.json.id}/complete`, ISSUER);
+    // A wait that runs out answers 429 with the last reason.
+    const blocker = await call('POST', '/v1/throttles/solo/acquire', ISSUER, {});
+    const late = await call('POST', '/v1/throttles/solo/acquire', ISSUER, { wait: 300 });
+    expect(late.status).toBe(429);
+    expect(late.json.reason).toBe('concurrency');
+    expect(await waiting('solo')).toBe(0);
+    await call('POST', `/v1/permits/${blocker.json.id}/complete`, ISSUER);
+  });
+
+  it('a caller that goes away leaves the line, and nothing it was granted stays held', async () => {
+    await call('PUT', '/v1/throttles/gone', ADMIN, { concurrency: 1 });
+    const url = await open.listen({ port: 0, host: '127.0.0.1' });
+    const held = await call('POST', '/v1/throttles/gone/acquire', ISSUER, {});
+    const abort = new AbortController();
+    const request = fetch(`${url}/v1/throttles/gone/acquire`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ wait: '20s' }),
+      signal: abort.signal,
+    }).catch((e: unknown) => e);
+    await waitFor('the waiter in line', async () => (await waiting('gone')) === 1);
+    abort.abort();
+    expect(await request).toBeInstanceOf(Error);
+    await waitFor('the line to empty', async () => (await waiting('gone')) === 0, 3000);
+    await call('POST', `/v1/permits/${held.json.id}/complete`, ISSUER);
+    const next = await call('POST', '/v1/throttles/gone/acquire', ISSUER, {});
+    expect(next.status).toBe(200);
+    expect((await ordo.throttles.running('gone')).map((p) => p.id)).toEqual([next.json.id]);
+  });
+
+  it('key limits: PUT and DELETE /v1/throttles/:name/key-limits, listed in state and keys', async () => {
+    await call('PUT', '/v1/throttles/tiers', ADMIN, { concurrency: 1, limit: 100, per: '1s' });
+    const set = await call('PUT', '/v1/throttles/tiers/key-limits', ADMIN, { key: 'vip', concurrency: 3 });
+    expect(set.json).toEqual({ everyMs: null, limit: 100, perMs: 1000, concurrency: 3 });
+    const grants = [];
+    for (let i = 0; i < 4; i++)
+      grants.push((await call('POST', '/v1/throttles/tiers/acquire', ISSUER, { key: 'vip' })).status);
+    expect(grants).toEqual([200, 200, 200, 429]);
+    expect((await call('POST', '/v1/throttles/tiers/acquire', ISSUER, { key: 'basic' })).status).toBe(200);
+    expect((await call('POST', '/v1/throttles/tiers/acquire', ISSUER, { key: 'basic' })).status).toBe(429);
+    const state = await call('GET', '/v1/throttles/tiers/state?key=vip', READER);
+    expect(state.json.ownLimits).toEqual({ everyMs: null, limit: null, perMs: null, concurrency: 3 });
+    expect(state.json.running).toHaveLength(3);
+    const keys = await call('GET', '/v1/throttles/tiers/keys', READER);
+    expect(keys.json.map((k: { key: string }) => k.key).sort()).toEqual(['basic', 'vip']);
+    const removed = await call('DELETE', '/v1/throttles/tiers/key-limits?key=vip', ADMIN);
+    expect(removed.json.concurrency).toBe(1);
+    expect(
+      (await call('GET', '/v1/throttles/tiers/state?key=vip', READER)).json.ownLimits.concurrency,
+    ).toBeNull();
+    expectError(
+      await call('PUT', '/v1/throttles/tiers/key-limits', ADMIN, { key: 'x', concurrency: 0 }),
+      'invalid_argument',
+    );
+    expectError(
+      await call('PUT', '/v1/throttles/tiers/key-limits', ADMIN, { concurrency: 2 }),
+      'invalid_argument',
+    );
+    expectError(
+      await call('PUT', '/v1/throttles/nope/key-limits', ADMIN, { key: 'x', concurrency: 2 }),
+      'throttle_not_found',
+    );
+    expectError(
+      await call('PUT', '/v1/throttles/tiers/key-limits', ISSUER, { key: 'x', concurrency: 2 }),
+      'forbidden',
+    );
+  });
+
+  it('pauses: POST pause and resume; fail with retryAfter holds the key (429 paused with Retry-After)', async () => {
+    await call('PUT', '/v1/throttles/upstream', ADMIN, { concurrency: 5 });
+    expect((await call('POST', '/v1/throttles/upstream/pause', ADMIN, { until: '1h' })).json).toEqual({
+      paused: true,
+    });
+    const paused = await call('POST', '/v1/throttles/upstream/acquire', ISSUER, { key: 'any' });
+    expect(paused.status).toBe(429);
+    expect(paused.json.reason).toBe('paused');
+    expect(Number(paused.headers['retry-after'])).toBeGreaterThan(3500);
+    expect((await call('POST', '/v1/throttles/upstream/resume', ADMIN, {})).json).toEqual({ paused: false });
+    const p = await call('POST', '/v1/throttles/upstream/acquire', ISSUER, { key: 'shop-1' });
+    expect(p.status).toBe(200);
+    const failed = await call('POST', `/v1/permits/${p.json.id}/fail`, ISSUER, {
+      error: '429 from upstream',
+      retryAfter: '30s',
+    });
+    expect(failed.json.outcome).toBe('failed');
+    const held = await call('POST', '/v1/throttles/upstream/acquire', ISSUER, { key: 'shop-1' });
+    expect(held.json).toMatchObject({ reason: 'paused', limit: { name: 'upstream', key: 'shop-1' } });
+    expect(Number(held.headers['retry-after'])).toBeGreaterThanOrEqual(29);
+    expect((await call('POST', '/v1/throttles/upstream/acquire', ISSUER, { key: 'shop-2' })).status).toBe(
+      200,
+    );
+    const state = await call('GET', '/v1/throttles/upstream/state?key=shop-1', READER);
+    expect(new Date(state.json.pausedUntil).getTime()).toBeGreaterThan(Date.now() + 25_000);
+    await call('POST', '/v1/throttles/upstream/resume', ADMIN, { key: 'shop-1' });
+    expect((await call('POST', '/v1/throttles/upstream/acquire', ISSUER, { key: 'shop-1' })).status).toBe(
+      200,
+    );
+    expectError(await call('POST', '/v1/throttles/upstream/pause', ADMIN, {}), 'invalid_argument');
+    expectError(
+      await call('POST', '/v1/throttles/upstream/pause', ADMIN, { until: 'soon' }),
+      'invalid_argument',
+    );
+    expectError(await call('POST', '/v1/throttles/nope/pause', ADMIN, { until: '1s' }), 'throttle_not_found');
   });
 });
 

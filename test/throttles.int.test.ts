@@ -153,9 +153,14 @@ describe('definitions', () => {
       /holder must be a text of 1 to 200/,
     );
     await expectCode(
+      () => ordo.throttles.acquire('valid', { waitFor: '1s' } as never),
+      'invalid_argument',
+      /has no option 'waitFor'/,
+    );
+    await expectCode(
       () => ordo.throttles.acquire('valid', { wait: true } as never),
       'invalid_argument',
-      /has no option 'wait'/,
+      /wait must be a duration/,
     );
     await expectCode(
       () => ordo.throttles.acquire('valid', { tx: {} as never }),

@@ -3,18 +3,18 @@ import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { type ParseArgsConfig, parseArgs } from 'node:util';
-import { envDatabaseUrl } from '../config.js';
-import { durationOption, formatDuration } from '../durations.js';
 import {
   type Blocker,
   createOrdo,
   type DatabaseInfo,
+  durationOption,
+  envDatabaseUrl,
+  formatDuration,
   type LogEntry,
   type Ordo,
   OrdoError,
 } from '../index.js';
-import { buildServer } from '../server/app.js';
-import { parseTokens, readTokensFile, type Token } from '../server/auth.js';
+import { buildServer, parseTokens, readTokensFile, type Token } from '../server/app.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
 type Flags = Record<string, string | boolean | undefined>;
@@ -220,13 +220,16 @@ const COMMANDS: Record<string, Command> = {
 
   status: {
     usage: `ordo status [--json]
-  Shows the database in use and whether notifications arrive; lists the sequences with their current values per scope and period, the outbox
+  Shows the database in use and whether notifications arrive; lists the sequences with their current values per scope and period,
+  the columns they number at commit, the open transactions holding their counters (and how many wait behind each), the outbox
   subscriptions with how far they are behind and any open transaction holding them back,
   and the throttles with their running permits.`,
     options: { json: { type: 'boolean' } },
     check: noArguments('status'),
     async run(ordo, _args, flags) {
       const sequences = await ordo.sequences.status();
+      const holders = await ordo.sequences.holders();
+      const attachments = await ordo.sequences.attachments();
       const subscriptions = await ordo.outbox.subscriptions();
       const throttles = await ordo.throttles.list();
       const permits = await ordo.throttles.running();
@@ -234,7 +237,11 @@ const COMMANDS: Record<string, Command> = {
       const { database } = ordo;
       if (flags.json) {
         console.log(
-          JSON.stringify({ database, notifications, sequences, subscriptions, throttles, permits }, null, 2),
+          JSON.stringify(
+            { database, notifications, sequences, holders, attachments, subscriptions, throttles, permits },
+            null,
+            2,
+          ),
         );
         return 0;
       }
@@ -254,6 +261,30 @@ const COMMANDS: Record<string, Command> = {
             scope: r.scope ?? '',
             period: r.period ?? '',
             value: r.value ?? '',
+          })),
+        );
+      }
+      if (attachments.length > 0) {
+        console.log('numbered at commit');
+        console.table(
+          attachments.map((a) => ({
+            sequence: a.sequence,
+            table: a.table,
+            column: a.column,
+            scope: a.scopeColumn ?? '',
+            text: a.textColumn ?? '',
+          })),
+        );
+      }
+      if (holders.length > 0) {
+        console.log('counters held by open transactions');
+        console.table(
+          holders.map((h) => ({
+            sequence: h.sequence,
+            scope: h.scope,
+            period: h.period ?? '',
+            'held by': describeBlocker(h),
+            waiting: h.waiting,
           })),
         );
       }
@@ -354,7 +385,9 @@ function describeDatabase(d: DatabaseInfo): string {
   return 'database: a pool given by the application';
 }
 
-function describeBlocker(b: Blocker): string {
+function describeBlocker(
+  b: Pick<Blocker, 'pid' | 'preparedGid' | 'openForMs' | 'state' | 'applicationName'>,
+): string {
   const who = b.pid === null ? `prepared transaction '${b.preparedGid}'` : `pid ${b.pid}`;
   const open = b.openForMs === null ? '' : `, open ${Math.round(b.openForMs / 1000)} s`;
   const state = b.state ? `, ${b.state}` : '';

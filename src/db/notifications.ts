@@ -10,6 +10,11 @@ export interface ChannelHandlers {
   message(payload: string): void;
   /** The connection was lost and is back, or notifications turned out not to arrive. */
   reset(): void;
+  /**
+   * LISTEN on the channel has taken effect (first, and again after each reconnection): what
+   * was sent before it was not heard. A caller that waits for notifications looks once now.
+   */
+  listening?(): void;
 }
 
 export type NotificationState = 'ok' | 'lost' | 'disconnected';
@@ -137,6 +142,7 @@ export class Notifications {
       this.listening.delete(channel);
       throw e;
     });
+    for (const h of this.channels.get(channel) ?? []) h.listening?.();
   }
 
   private async loop(): Promise<void> {

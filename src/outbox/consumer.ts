@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import type pg from 'pg';
+import { backoffDelay } from '../db/backoff.js';
 import { guardClient } from '../db/clients.js';
 import { OrdoError, toOrdoError } from '../errors.js';
 import { type OutboxMessage, toMessage } from './messages.js';
@@ -9,7 +10,7 @@ import type { OutboxPlans } from './plans.js';
 export interface HandlerContext {
   /**
    * The transaction in which the checkpoint is stored: what the handler writes through it
-   * commits together with the cursor, exactly once. Do not COMMIT or ROLLBACK it yourself.
+   * commits together with the acknowledgement of the batch, exactly once. Do not COMMIT or ROLLBACK it yourself.
    */
   tx: pg.PoolClient;
   subscription: string;
@@ -34,6 +35,8 @@ export interface SubscriptionEnd {
 export interface ConsumerSettings {
   name: string;
   topic: string;
+  /** The partition of the subscription this consumer reads (0 when it has one). */
+  partition: number;
   handler: Handler<any>;
   batchSize: number;
   maxAttempts: number;
@@ -45,9 +48,12 @@ export interface ConsumerSettings {
   onError: ((error: OrdoError) => void) | undefined;
 }
 
-interface Cursor {
-  tx: string;
-  pos: string;
+/**
+ * The wait before delivering a failed message again (its attempt-th failure, from 1): the one
+ * back-off of ordo, its ceiling `first` doubling up to `max`.
+ */
+export function retryDelay(attempt: number, first: number, max: number): number {
+  return backoffDelay(Math.max(0, attempt - 1), Math.random, { base: first, cap: max });
 }
 
 /** Quick looks after a delivery (1, 2, 4 … 50 ms apart: about 160 ms in all). */
@@ -59,25 +65,16 @@ type Step =
   | { kind: 'failed'; retryInMs: number }
   | { kind: 'exhausted'; error: OrdoError };
 
-/** Checkpoint tuples compare as (xid8, bigint): both are decimal text without sign. */
-function after(a: Cursor, b: Cursor): boolean {
-  const tx = BigInt(a.tx) - BigInt(b.tx);
-  return tx > 0n || (tx === 0n && BigInt(a.pos) > BigInt(b.pos));
-}
-
 /**
- * One consumer of a subscription. It holds the subscription's lease while it consumes,
- * renews it in the background, and gives it up when stopped. Each batch runs in one
- * transaction: read, handler, checkpoint, commit; nothing is skipped, because the read only
- * returns messages that no open transaction can precede.
+ * One consumer of a partition of a subscription. It holds the partition's lease while it
+ * consumes, renews it in the background, and gives it up when stopped. Each batch is received
+ * (the database records it against the partition's version), handled in one transaction that
+ * also acknowledges it, or handed back with nack() when the handler fails. What a batch holds
+ * and in which order is decided by the database alone (receive() in 0008).
  */
 export class Consumer {
   readonly owner = `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
   readonly done: Promise<SubscriptionEnd>;
-  private cursor: Cursor | undefined;
-  private attempts = 0;
-  /** After a batch failed, messages up to its last one are delivered one at a time, to find the culprit. */
-  private singleUntil: Cursor | undefined;
   private leased = false;
   private stopping = false;
   private heldDelayMs = 1;
@@ -137,10 +134,10 @@ export class Consumer {
           this.quickPolls = QUICK_POLLS;
           this.heldDelayMs = 1;
         } else if (step.kind === 'held' || (step.kind === 'idle' && this.quickPolls-- > 0)) {
-          // Committed messages wait behind an older open transaction, whose end sends no
-          // notification; or a batch was just delivered, and a transaction that appended
-          // beside the one whose commit woke us may commit without notifying (one notifier
-          // per topic at a time). Look again soon, then less often, never more than 50 ms apart.
+          // A transaction that appended to the topic is still open, and its commit may send no
+          // notification (one notifier per topic at a time); or a batch was just delivered,
+          // and another appender may commit beside the one whose commit woke us. Look again
+          // soon, then less often, never more than 50 ms apart.
           await this.sleep(this.heldDelayMs);
           this.heldDelayMs = Math.min(this.heldDelayMs * 2, HELD_MAX_DELAY_MS, this.settings.pollMs);
         } else if (step.kind === 'idle') {
@@ -156,7 +153,7 @@ export class Consumer {
           end = { reason: 'stopped', error };
           break;
         }
-        // The database is unreachable or refused us: start over from the stored cursor.
+        // The database is unreachable or refused us: start over from the stored state.
         this.loseLease();
         await this.sleep(this.retryDelay(++failures));
       }
@@ -165,7 +162,9 @@ export class Consumer {
     clearInterval(this.heartbeat);
     if (this.leased) {
       this.leased = false;
-      await this.pool.query(this.plans.release, [this.settings.name, this.owner]).catch(() => undefined);
+      await this.pool
+        .query(this.plans.release, [this.settings.name, this.settings.partition, this.owner])
+        .catch(() => undefined);
     }
     return end;
   }
@@ -173,14 +172,11 @@ export class Consumer {
   private async takeLease(): Promise<boolean> {
     const { rows } = await this.pool.query(this.plans.lease, [
       this.settings.name,
+      this.settings.partition,
       this.owner,
       this.settings.leaseMs,
     ]);
-    const row = rows[0];
-    if (!row) return false;
-    this.cursor = { tx: row.last_transaction_id, pos: String(row.last_position) };
-    this.attempts = row.attempts;
-    this.singleUntil = undefined;
+    if (rows.length === 0) return false;
     this.leased = true;
     this.abort = new AbortController();
     // stop() may have come while the lease was being taken: it must still end this consumer.
@@ -196,6 +192,7 @@ export class Consumer {
     try {
       const { rows } = await this.pool.query(this.plans.lease, [
         this.settings.name,
+        this.settings.partition,
         this.owner,
         this.settings.leaseMs,
       ]);
@@ -219,64 +216,55 @@ export class Consumer {
   }
 
   /**
-   * One batch: read, handle and checkpoint in one transaction. Failures are recorded on the
-   * same connection after the rollback: a consumer never waits for a second connection while
-   * holding one, so consumers failing at once cannot starve a pool between them.
+   * One batch: received, then handled and acknowledged in one transaction. A failure is handed
+   * back on the same connection after the rollback: a consumer never waits for a second
+   * connection while holding one, so consumers failing at once cannot starve a pool between them.
    */
   private async step(): Promise<Step> {
-    const cursor = this.cursor!;
-    if (this.singleUntil && !after(this.singleUntil, cursor)) this.singleUntil = undefined;
-    const limit = this.singleUntil ? 1 : this.settings.batchSize;
+    const { name, partition, topic } = this.settings;
     const client = await this.pool.connect();
     let broken = false;
     const guard = guardClient(client);
     try {
-      await client.query('BEGIN');
-      // Anything committed from here on is seen by the read below or wakes the next wait.
+      // Anything committed from here on is seen by the receive below or wakes the next wait.
       this.woken = false;
-      const { rows } = await client.query(this.plans.read, [
-        this.settings.topic,
-        cursor.tx,
-        cursor.pos,
-        limit,
+      const { rows } = await client.query(this.plans.receive, [
+        name,
+        partition,
+        this.owner,
+        this.settings.batchSize,
+        this.settings.leaseMs,
       ]);
       if (rows.length === 0) {
-        await client.query('COMMIT');
-        const { rows: idle } = await client.query(this.plans.pending, [
-          this.settings.topic,
-          cursor.tx,
-          cursor.pos,
-          this.settings.name,
-          this.owner,
-        ]);
-        if (!idle[0].leased) {
+        const { rows: idle } = await client.query(this.plans.pending, [name, partition, this.owner, topic]);
+        if (!idle[0]?.leased) {
           this.lostSubscription();
           return { kind: 'lost' };
         }
         return { kind: idle[0].pending ? 'held' : 'idle' };
       }
       const messages = rows.map(toMessage);
-      const last = rows.at(-1)!;
-      const to: Cursor = { tx: last.transaction_id, pos: String(last.position) };
+      const version: string = rows[0].version;
+      const attempt: number = rows[0].attempt;
       try {
+        await client.query('BEGIN');
         if (this.abort.signal.aborted) throw new Error('the consumer stopped or lost its lease');
         await this.settings.handler(messages, {
           tx: client,
-          subscription: this.settings.name,
-          attempt: this.attempts + 1,
+          subscription: name,
+          attempt,
           signal: this.abort.signal,
         });
-        const moved = await client.query(this.plans.checkpoint, [
-          this.settings.name,
+        const acked = await client.query(this.plans.ack, [
+          name,
+          partition,
           this.owner,
-          cursor.tx,
-          cursor.pos,
-          to.tx,
-          to.pos,
-          rows.length,
+          version,
           this.settings.leaseMs,
+          false,
+          false,
         ]);
-        if (!moved.rows[0].moved) {
+        if (acked.rows[0].handled === null) {
           await client.query('ROLLBACK');
           this.lostSubscription();
           return { kind: 'lost' };
@@ -285,10 +273,8 @@ export class Consumer {
       } catch (e) {
         await client.query('ROLLBACK');
         if (!this.leased || this.stopping) return { kind: 'lost' };
-        return await this.failed(client, e, messages, cursor, to);
+        return await this.failed(client, e, messages, version);
       }
-      this.cursor = to;
-      this.attempts = 0;
       return { kind: 'delivered' };
     } catch (e) {
       broken = true;
@@ -298,74 +284,56 @@ export class Consumer {
     }
   }
 
-  /** Counts the failure; then parks the message, gives up, or says how long to wait. */
+  /** Hands the batch back: split it, retry it later, park its message, or give up. */
   private async failed(
     client: pg.PoolClient,
     e: unknown,
     messages: OutboxMessage[],
-    cursor: Cursor,
-    last: Cursor,
+    version: string,
   ): Promise<Step> {
+    const { name, partition, maxAttempts, onExhausted } = this.settings;
     const reason = e instanceof Error ? e.message || e.name : String(e);
     this.settings.onError?.(
-      new OrdoError('handler_failed', `subscription '${this.settings.name}': the handler failed: ${reason}`, {
-        cause: e,
-      }),
+      new OrdoError('handler_failed', `subscription '${name}': the handler failed: ${reason}`, { cause: e }),
     );
-    // A failed batch of several says nothing about which message failed: deliver them one
-    // by one, and count attempts against single messages only.
-    const single = messages.length === 1;
-    const { rows } = await client.query(this.plans.recordFailure, [
-      this.settings.name,
+    const { rows } = await client.query(this.plans.nack, [
+      name,
+      partition,
       this.owner,
-      cursor.tx,
-      cursor.pos,
+      version,
       reason,
-      single,
+      maxAttempts,
+      onExhausted === 'park',
+      // This consumer waits by itself, holding the lease: nothing to schedule.
+      [0],
+      false,
     ]);
-    const attempts = rows[0]?.attempts;
-    if (attempts === null || attempts === undefined) {
-      this.lostSubscription();
-      return { kind: 'lost' };
+    const { outcome, attempts } = rows[0] as { outcome: string | null; attempts: number | null };
+    switch (outcome) {
+      case null:
+        this.lostSubscription();
+        return { kind: 'lost' };
+      // A failed batch of several says nothing about which message failed: they come one by one next.
+      case 'split':
+        return { kind: 'failed', retryInMs: 0 };
+      case 'retry':
+        return { kind: 'failed', retryInMs: this.retryDelay(attempts!) };
+      case 'parked':
+        return { kind: 'delivered' };
+      default: {
+        const message = messages[0]!;
+        const error = new OrdoError(
+          'handler_failed',
+          `subscription '${name}' stopped: message ${message.position} failed ${attempts} times: ${reason}`,
+          { cause: e },
+        );
+        return { kind: 'exhausted', error };
+      }
     }
-    this.attempts = attempts;
-    if (!single) {
-      this.singleUntil = last;
-      return { kind: 'failed', retryInMs: 0 };
-    }
-    if (attempts < this.settings.maxAttempts) return { kind: 'failed', retryInMs: this.retryDelay(attempts) };
-    const message = messages[0]!;
-    if (this.settings.onExhausted === 'stop') {
-      const error = new OrdoError(
-        'handler_failed',
-        `subscription '${this.settings.name}' stopped: message ${message.position} failed ${attempts} times: ${reason}`,
-        { cause: e },
-      );
-      return { kind: 'exhausted', error };
-    }
-    const parked = await client.query(this.plans.park, [
-      this.settings.name,
-      this.owner,
-      cursor.tx,
-      cursor.pos,
-      message.transactionId,
-      message.position,
-      reason,
-    ]);
-    if (!parked.rows[0].parked) {
-      this.lostSubscription();
-      return { kind: 'lost' };
-    }
-    this.cursor = { tx: message.transactionId, pos: String(message.position) };
-    this.attempts = 0;
-    return { kind: 'delivered' };
   }
 
-  /** Exponential back-off with jitter, from about retryDelay up to maxRetryDelay. */
   private retryDelay(attempt: number): number {
-    const { retryDelayMs, maxRetryDelayMs } = this.settings;
-    const ceiling = Math.min(maxRetryDelayMs, retryDelayMs * 2 ** Math.max(0, attempt - 1));
-    return retryDelayMs / 2 + Math.random() * Math.max(0, ceiling - retryDelayMs / 2);
+    return retryDelay(attempt, this.settings.retryDelayMs, this.settings.maxRetryDelayMs);
   }
 
   /** Waits `ms`, or less when notified or stopped. */

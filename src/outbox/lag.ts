@@ -1,4 +1,4 @@
-/** The open transaction that keeps committed messages from a consumer. */
+/** An open transaction that appended to a topic: its own messages wait for it to end. */
 export interface Blocker {
   /** The backend running it; null for a prepared (two-phase) transaction. */
   pid: number | null;
@@ -13,57 +13,98 @@ export interface Blocker {
   applicationName: string | null;
 }
 
-export interface SubscriptionLag {
-  name: string;
-  topic: string;
-  /** The consumer holding the lease, while its lease lasts. */
+/** One partition of a subscription. */
+export interface PartitionLag {
+  partition: number;
+  /** The consumer holding the partition's lease, while its lease lasts. */
   owner: string | null;
   leaseUntil: Date | null;
-  /** The last message handled. */
-  cursor: { transactionId: string; position: number };
-  /** Messages after the cursor, committed and visible now. */
+  /** The highest position delivered so far (messages of transactions still open may lie below it). */
+  position: number;
+  /** Committed messages not yet delivered. */
   messagesBehind: number;
   /** Age of the oldest of them; null when none. */
   oldestAgeMs: number | null;
-  /** Of those, how many wait for an older transaction to end before they may be read. */
-  waiting: number;
-  /** That transaction, when there is one. */
-  blockedBy: Blocker | null;
   /** Failed deliveries of the next message, and why the last one failed. */
   attempts: number;
   lastError: string | null;
   delivered: number;
+  /** Messages handed out again (after a failure, a lapsed lease, a crash before the ack). */
+  redelivered: number;
   checkpointedAt: Date | null;
 }
 
-export function toLag(row: Record<string, any>): SubscriptionLag {
+/** A subscription: its partitions summed up, and each of them. */
+export interface SubscriptionLag extends Omit<PartitionLag, 'partition' | 'position'> {
+  name: string;
+  topic: string;
+  /**
+   * Open transactions that appended to the topic: their messages are delivered once they
+   * commit, and nothing else waits for them.
+   */
+  waiting: number;
+  /** The oldest of them, when there is one. */
+  blockedBy: Blocker | null;
+  /** Messages parked in dead_letters. */
+  deadLettered: number;
+  partitions: PartitionLag[];
+}
+
+const age = (now: Date, at: Date | null): number | null =>
+  at === null ? null : Math.max(0, now.getTime() - at.getTime());
+
+function toPartition(row: Record<string, any>): PartitionLag {
   const now: Date = row.now;
-  const live = row.lease_until !== null && row.lease_until > now;
-  const blocked = row.blocker_pid !== null || row.blocker_prepared_gid !== null;
   return {
-    name: row.name,
-    topic: row.topic,
-    owner: live ? row.owner : null,
-    leaseUntil: live ? row.lease_until : null,
-    cursor: { transactionId: row.last_transaction_id, position: Number(row.last_position) },
+    partition: row.partition,
+    owner: row.owner,
+    leaseUntil: row.lease_until,
+    position: Number(row.position),
     messagesBehind: Number(row.messages_behind),
-    oldestAgeMs:
-      row.oldest_created_at === null ? null : Math.max(0, now.getTime() - row.oldest_created_at.getTime()),
-    waiting: Number(row.waiting),
-    blockedBy: blocked
-      ? {
-          pid: row.blocker_pid,
-          preparedGid: row.blocker_prepared_gid,
-          xidAge: row.blocker_xid_age,
-          openForMs:
-            row.blocker_xact_start === null ? null : now.getTime() - row.blocker_xact_start.getTime(),
-          state: row.blocker_state,
-          applicationName: row.blocker_application_name,
-        }
-      : null,
+    oldestAgeMs: age(now, row.oldest_created_at),
     attempts: row.attempts,
     lastError: row.last_error,
     delivered: Number(row.delivered),
+    redelivered: Number(row.redelivered),
     checkpointedAt: row.checkpointed_at,
+  };
+}
+
+/** The rows of subscription_lag (one per partition), as one SubscriptionLag. */
+export function toLag(rows: Record<string, any>[]): SubscriptionLag {
+  const first = rows[0]!;
+  const now: Date = first.now;
+  const partitions = rows.map(toPartition);
+  const blocked = first.blocker_pid !== null || first.blocker_prepared_gid !== null;
+  const latest = (dates: (Date | null)[]) =>
+    dates.reduce<Date | null>((a, d) => (d !== null && (a === null || d > a) ? d : a), null);
+  const held = partitions.find((p) => p.owner !== null);
+  const failing = partitions.find((p) => p.attempts > 0 || p.lastError !== null);
+  const ages = partitions.map((p) => p.oldestAgeMs).filter((a): a is number => a !== null);
+  return {
+    name: first.name,
+    topic: first.topic,
+    owner: held?.owner ?? null,
+    leaseUntil: held?.leaseUntil ?? null,
+    messagesBehind: partitions.reduce((n, p) => n + p.messagesBehind, 0),
+    oldestAgeMs: ages.length === 0 ? null : Math.max(...ages),
+    waiting: Number(first.waiting),
+    blockedBy: blocked
+      ? {
+          pid: first.blocker_pid,
+          preparedGid: first.blocker_prepared_gid,
+          xidAge: first.blocker_xid_age,
+          openForMs: age(now, first.blocker_xact_start),
+          state: first.blocker_state,
+          applicationName: first.blocker_application_name,
+        }
+      : null,
+    attempts: failing?.attempts ?? 0,
+    lastError: failing?.lastError ?? null,
+    delivered: partitions.reduce((n, p) => n + p.delivered, 0),
+    redelivered: partitions.reduce((n, p) => n + p.redelivered, 0),
+    deadLettered: Number(first.dead_lettered),
+    checkpointedAt: latest(partitions.map((p) => p.checkpointedAt)),
+    partitions,
   };
 }

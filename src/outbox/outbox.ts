@@ -1,11 +1,12 @@
+import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
 import type { Notifications } from '../db/notifications.js';
 import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
 import { durationOption } from '../durations.js';
 import { OrdoError } from '../errors.js';
-import { invalid, knownKeys, oneOf, plainObject, safeInteger } from '../validate.js';
-import { Consumer, type Handler, type SubscriptionEnd } from './consumer.js';
+import { describe, invalid, knownKeys, oneOf, plainObject, safeInteger, text } from '../validate.js';
+import { type Handler, retryDelay, type SubscriptionEnd } from './consumer.js';
 import { toLag, type SubscriptionLag } from './lag.js';
 import {
   type Appended,
@@ -17,6 +18,7 @@ import {
   toMessage,
 } from './messages.js';
 import type { OutboxPlans } from './plans.js';
+import { PartitionRunner } from './runner.js';
 
 export interface AppendOptions {
   /** Append inside this transaction: consumers see the messages once it commits. */
@@ -32,6 +34,13 @@ export interface SubscribeOptions<T = unknown> {
   batchSize?: number;
   /** Where a new subscription starts: the whole topic (default) or messages committed from now on. */
   from?: 'beginning' | 'now';
+  /**
+   * Splits the subscription into this many partitions by a hash of each message's `key`
+   * (1 to 256, default 1; messages without a key share one partition). Each partition is
+   * read by one consumer at a time, in order; the instances subscribed share the partitions.
+   * Fixed when the subscription is created.
+   */
+  partitions?: number;
   /** Deliveries of one message before it is given up (default 10). */
   maxAttempts?: number;
   /** What giving up means: park the message in dead_letters and go on (default), or stop. */
@@ -69,6 +78,7 @@ const SUBSCRIBE_KEYS = [
   'handler',
   'batchSize',
   'from',
+  'partitions',
   'maxAttempts',
   'onExhausted',
   'lease',
@@ -78,10 +88,52 @@ const SUBSCRIBE_KEYS = [
   'onError',
 ] as const;
 const DAY_MS = 86_400_000;
+/** The most partitions a subscription may have (also in create_subscription and the HTTP schemas). */
+export const MAX_PARTITIONS = 256;
+/** The most messages one batch may hold. */
+export const MAX_BATCH = 10_000;
+
+/** Where seek() moves a subscription: its first message, what commits from now on, or what was appended since a time. */
+export type SeekTarget = 'beginning' | 'now' | Date;
+
+export interface ReceiveOptions {
+  /** Most messages in the batch (default 100). */
+  max?: number;
+  /** How long the batch is leased to this caller (default '30s'); ack or nack it before then. */
+  visibilityTimeout?: string | number;
+}
+
+/** A batch leased to one caller: acknowledge it with its receipt, or hand it back with nack. */
+export interface Received<T = unknown> {
+  messages: OutboxMessage<T>[];
+  /** Null when there was nothing to receive. */
+  receipt: string | null;
+  /** 1 on the first delivery of the first message, then 2, 3, … */
+  attempt: number;
+}
+
+export interface NackOptions {
+  /** Why it failed, kept as the subscription's last error and in dead_letters. */
+  error?: string;
+  /** When the batch may be received again; default: a back-off growing with the failures. */
+  retryAfter?: string | number;
+  /** Failures of one message before it is parked in dead_letters (default 10). */
+  maxAttempts?: number;
+}
+
+export interface NackResult {
+  /** 'split': the batch's messages come one at a time next; 'retry': again later; 'parked': in dead_letters, passed. */
+  outcome: 'split' | 'retry' | 'parked';
+  attempts: number;
+}
+
+const RECEIPT = /^(\d{1,3})\.(\d{1,19})\.(http:[0-9a-f-]{36})$/;
 
 /** The transactional outbox: append in the business transaction, consume without skipping. */
 export class Outbox {
-  private readonly consumers = new Set<Consumer>();
+  private readonly consumers = new Set<PartitionRunner>();
+  /** Messages appended through this client since it started, by topic (for metrics). */
+  readonly appended = new Map<string, number>();
   private unlisten: (() => void) | undefined;
 
   /** @internal */
@@ -113,6 +165,7 @@ export class Outbox {
       [topic, columns.types, columns.data, columns.keys, columns.messageIds, columns.headers],
       tx,
     );
+    this.appended.set(topic, (this.appended.get(topic) ?? 0) + rows.length);
     return matchAppended(columns, rows);
   }
 
@@ -129,11 +182,13 @@ export class Outbox {
     if (typeof o.handler !== 'function') throw invalid('handler must be a function (messages, { tx }) => …');
     if (o.onError !== undefined && typeof o.onError !== 'function')
       throw invalid('onError must be a function');
+    const partitions =
+      o.partitions === undefined ? 1 : safeInteger('partitions', o.partitions, 1, MAX_PARTITIONS);
     const settings = {
       name,
       topic,
       handler: o.handler as Handler<any>,
-      batchSize: o.batchSize === undefined ? 100 : safeInteger('batchSize', o.batchSize, 1, 10_000),
+      batchSize: o.batchSize === undefined ? 100 : safeInteger('batchSize', o.batchSize, 1, MAX_BATCH),
       maxAttempts: o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, 1_000_000),
       onExhausted:
         o.onExhausted === undefined ? 'park' : oneOf('onExhausted', o.onExhausted, ['park', 'stop']),
@@ -146,10 +201,10 @@ export class Outbox {
     const from = o.from === undefined ? 'beginning' : oneOf('from', o.from, ['beginning', 'now']);
     if (settings.maxRetryDelayMs < settings.retryDelayMs)
       throw invalid('maxRetryDelay must not be below retryDelay');
-    await this.run(this.plans.create, [name, topic, from]);
+    await this.createSubscription({ name, topic, from, partitions });
     this.ensureOpen();
     this.listen();
-    const consumer = new Consumer(this.pool, this.plans, settings, (ms) =>
+    const consumer = new PartitionRunner(this.pool, this.plans, settings, partitions, (ms) =>
       this.notifications.pollInterval(ms),
     );
     this.consumers.add(consumer);
@@ -163,11 +218,118 @@ export class Outbox {
     };
   }
 
+  /**
+   * Creates a subscription if it is new (what subscribe() does first; consumers over HTTP need
+   * it done for them). The same again is a no-op; another topic or partition count is
+   * subscription_conflict.
+   */
+  async createSubscription(options: {
+    name: string;
+    topic: string;
+    from?: 'beginning' | 'now';
+    partitions?: number;
+  }): Promise<void> {
+    this.ensureOpen();
+    const o = plainObject('createSubscription options', options);
+    knownKeys('createSubscription options', o, ['name', 'topic', 'from', 'partitions']);
+    const name = outboxName('name', o.name);
+    const topic = outboxName('topic', o.topic);
+    const from = o.from === undefined ? 'beginning' : oneOf('from', o.from, ['beginning', 'now']);
+    const partitions =
+      o.partitions === undefined ? 1 : safeInteger('partitions', o.partitions, 1, MAX_PARTITIONS);
+    await this.run(this.plans.create, [name, topic, from, partitions]);
+  }
+
   /** How far a subscription is behind, and the open transaction holding it back, if any. */
   async lag(name: string): Promise<SubscriptionLag> {
     this.ensureOpen();
     const { rows } = await this.run(this.plans.lag, [outboxName('subscription name', name)]);
-    return toLag(rows[0]!);
+    return toLag(rows);
+  }
+
+  /**
+   * Moves a subscription: to its first message ('beginning', a replay), past everything
+   * committed ('now'), or to the first message appended at or after a time. Refused with
+   * subscription_busy while a consumer holds one of its partitions: stop its consumers first.
+   */
+  async seek(name: string, options: { to: SeekTarget }): Promise<void> {
+    this.ensureOpen();
+    outboxName('subscription name', name);
+    const o = plainObject('seek options', options);
+    knownKeys('seek options', o, ['to']);
+    const to = o.to;
+    let first: number | null;
+    if (to === 'beginning') first = 1;
+    else if (to === 'now') first = null;
+    else if (to instanceof Date && !Number.isNaN(to.getTime())) {
+      const { rows } = await this.run(this.plans.firstSince, [name, to]);
+      first = Number(rows[0].first);
+    } else throw invalid(`seek needs { to: 'beginning' | 'now' | a Date } (got ${describe(to)})`);
+    const { rows } = await this.run(this.plans.seek, [name, first]);
+    if (Number(rows[0].moved) === 0) throw subscriptionNotFound(name);
+  }
+
+  /**
+   * A batch for a consumer that is not a subscribe() handler (over HTTP, in any language): the
+   * next messages of the first partition nobody holds, leased to the caller for
+   * `visibilityTimeout`. Same order and guarantees as subscribe(): ack() it to move past it;
+   * nack() it, or let the lease lapse, and it is delivered again.
+   */
+  async receive<T = unknown>(name: string, options: ReceiveOptions = {}): Promise<Received<T>> {
+    this.ensureOpen();
+    outboxName('subscription name', name);
+    const o = plainObject('receive options', options);
+    knownKeys('receive options', o, ['max', 'visibilityTimeout']);
+    const max = o.max === undefined ? 100 : safeInteger('max', o.max, 1, MAX_BATCH);
+    const leaseMs = durationOption('visibilityTimeout', o.visibilityTimeout ?? '30s', 300, DAY_MS);
+    const owner = `http:${randomUUID()}`;
+    const { rows } = await this.run(this.plans.receiveAny, [name, owner, max, leaseMs]);
+    if (rows.length === 0) return { messages: [], receipt: null, attempt: 0 };
+    const { partition, version, attempt } = rows[0];
+    return {
+      messages: rows.map((r) => toMessage(r) as OutboxMessage<T>),
+      receipt: `${partition}.${version}.${owner}`,
+      attempt,
+    };
+  }
+
+  /** Moves the subscription past a received batch; receipt_expired once its lease has lapsed. */
+  async ack(name: string, receipt: string): Promise<{ handled: number }> {
+    this.ensureOpen();
+    const r = parseReceipt(name, receipt);
+    const { rows } = await this.run(this.plans.ack, [name, r.partition, r.owner, r.version, 0, true, true]);
+    if (rows[0].handled === null) throw receiptExpired(name);
+    return { handled: Number(rows[0].handled) };
+  }
+
+  /** Hands a received batch back (see NackResult); receipt_expired once its lease has lapsed. */
+  async nack(name: string, receipt: string, options: NackOptions = {}): Promise<NackResult> {
+    this.ensureOpen();
+    const r = parseReceipt(name, receipt);
+    const o = plainObject('nack options', options);
+    knownKeys('nack options', o, ['error', 'retryAfter', 'maxAttempts']);
+    const error = o.error === undefined ? 'nack' : text('error', o.error, 1, 2000);
+    const maxAttempts =
+      o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, 1_000_000);
+    const delays =
+      o.retryAfter === undefined
+        ? Array.from({ length: Math.min(maxAttempts, 32) }, (_, i) =>
+            Math.round(retryDelay(i + 1, 100, 30_000)),
+          )
+        : [durationOption('retryAfter', o.retryAfter, 0, DAY_MS)];
+    const { rows } = await this.run(this.plans.nack, [
+      name,
+      r.partition,
+      r.owner,
+      r.version,
+      error,
+      maxAttempts,
+      true,
+      delays,
+      true,
+    ]);
+    if (rows[0].outcome === null) throw receiptExpired(name);
+    return { outcome: rows[0].outcome, attempts: rows[0].attempts };
   }
 
   /** Every subscription with its lag, by name. */
@@ -208,9 +370,7 @@ export class Outbox {
     this.ensureOpen();
     knownKeys('removeSubscription options', plainObject('removeSubscription options', options), ['ifExists']);
     const { rows } = await this.run(this.plans.remove, [outboxName('subscription name', name)]);
-    if (rows.length === 0 && !options.ifExists) {
-      throw new OrdoError('subscription_not_found', `The subscription '${name}' does not exist`);
-    }
+    if (rows.length === 0 && !options.ifExists) throw subscriptionNotFound(name);
     return rows.length > 0;
   }
 
@@ -235,8 +395,8 @@ export class Outbox {
     this.unlisten?.();
   }
 
-  private run(text: string, values: unknown[], on: Queryable = this.pool): Promise<{ rows: any[] }> {
-    return this.inFlight.query(on, text, values);
+  private run(sql: string, values: unknown[], on: Queryable = this.pool): Promise<{ rows: any[] }> {
+    return this.inFlight.query(on, sql, values);
   }
 
   private listen(): void {
@@ -247,6 +407,26 @@ export class Outbox {
       reset: () => {
         for (const c of this.consumers) c.notify();
       },
+      // A commit between a consumer's first look and the LISTEN sent no wake-up it could hear.
+      listening: () => {
+        for (const c of this.consumers) c.notify();
+      },
     });
   }
+}
+
+const subscriptionNotFound = (name: string) =>
+  new OrdoError('subscription_not_found', `The subscription '${name}' does not exist`);
+
+const receiptExpired = (name: string) =>
+  new OrdoError(
+    'receipt_expired',
+    `The receipt of subscription '${name}' is no longer valid: its visibilityTimeout ran out (or it was already acknowledged), and its messages are delivered again; receive them again`,
+  );
+
+function parseReceipt(name: string, receipt: unknown): { partition: number; version: string; owner: string } {
+  outboxName('subscription name', name);
+  const m = typeof receipt === 'string' ? RECEIPT.exec(receipt) : null;
+  if (!m) throw invalid(`receipt must be the receipt a receive() returned (got ${describe(receipt)})`);
+  return { partition: Number(m[1]), version: m[2]!, owner: m[3]! };
 }

@@ -2,7 +2,7 @@ import { parseDuration } from '../durations.js';
 import { OrdoError } from '../errors.js';
 import { MAX_BATCH } from '../sequences/definitions.js';
 import { validateFormat } from '../sequences/format.js';
-import { identifier, invalid, MAX_VALUE } from '../validate.js';
+import { identifier, invalid, MAX_TIME_ZONE_LENGTH, MAX_VALUE } from '../validate.js';
 import { describeToken, Lexer, position, syntaxError, type Token } from './lexer.js';
 import {
   CLAUSES,
@@ -14,9 +14,6 @@ import {
 
 type AlterSequenceStatement = Extract<Statement, { kind: 'alter_sequence' }>;
 type InfoStatement = Extract<Statement, { kind: 'info_for_db' }>;
-
-/** Largest BATCH, as in SurrealDB's documentation of DEFINE SEQUENCE. */
-const MAX_TIME_ZONE_LENGTH = 64;
 
 const STATEMENT_STARTS = 'DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval';
 const STATEMENT_END = "';' or end of input";

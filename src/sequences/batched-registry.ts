@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import type pg from 'pg';
 import { clientLike } from '../db/clients.js';
 import type { Notifications } from '../db/notifications.js';
@@ -33,6 +34,8 @@ export class BatchedRegistry {
   private connecting: Promise<void> | undefined;
   /** Reservations made by this node, per sequence (read by the server's /metrics). */
   readonly reservations = new Map<string, number>();
+  /** Told of each reservation made and how long its statement took (the server's latency histogram). */
+  readonly reservationListeners = new Set<(sequence: string, ms: number) => void>();
 
   constructor(
     private readonly pool: pg.Pool,
@@ -69,6 +72,15 @@ export class BatchedRegistry {
   }
 
   /**
+   * The sequence is now defined as `d`: this node's ranges of older definitions go, a range of
+   * this one stays (Allocator.retire), and an allocator of a sequence no longer batched goes.
+   */
+  redefined(d: Pick<SequenceDefinition, 'name' | 'kind' | 'epoch' | 'timeoutMs'>): void {
+    if (d.kind !== 'batched') return this.forget(d.name);
+    this.allocators.get(d.name)?.retire(d.epoch, d.timeoutMs);
+  }
+
+  /**
    * Gives back the values this node never handed out, where they end the sequence's last
    * range (so a restart goes on where this node stopped), then drops every range.
    */
@@ -92,6 +104,7 @@ export class BatchedRegistry {
     if (!this.reserver) this.connectReserver();
     if (dedicated) this.reserverBusy = true;
     let rows: any[];
+    const started = performance.now();
     try {
       // Not retried here: the allocator retries reservations itself, within the sequence's TIMEOUT.
       ({ rows } = await this.run(dedicated ?? this.pool, this.plans.reserve, [name, this.nodeId, waitMs], 0));
@@ -100,6 +113,8 @@ export class BatchedRegistry {
     }
     const r = rows[0];
     this.reservations.set(name, (this.reservations.get(name) ?? 0) + 1);
+    const ms = performance.now() - started;
+    for (const listener of this.reservationListeners) listener(name, ms);
     return {
       first: Number(r.first),
       last: Number(r.last),
@@ -144,7 +159,13 @@ export class BatchedRegistry {
 
   private watch(): void {
     this.unlisten ??= this.notifications.on(this.plans.channel, {
-      message: (name) => this.onChange(name),
+      // The definition is read again before any range is dropped: the notification may be the
+      // echo of this node's own redefinition, whose new range must not be thrown away.
+      message: (name) => {
+        this.onChange(name);
+        if (!this.allocators.has(name)) return;
+        this.checkEpochs([name]).catch(() => this.forget(name));
+      },
       // Anything may have been missed: no range is served any more, but the allocators (and
       // their TIMEOUT) stay, so calls during an outage retry within their timeout instead of
       // failing at their first definition lookup. The next reservation checks kind and epoch.
@@ -169,15 +190,20 @@ export class BatchedRegistry {
     this.checker.unref();
   }
 
-  private async checkEpochs(): Promise<void> {
-    if (this.allocators.size === 0 || this.isClosed()) return;
-    const { rows } = await this.run(this.pool, this.plans.epochs, [[...this.allocators.keys()]]);
+  private async checkEpochs(names = [...this.allocators.keys()]): Promise<void> {
+    if (names.length === 0 || this.isClosed()) return;
+    const { rows } = await this.run(this.pool, this.plans.epochs, [names]);
     const current = new Map(rows.map((r) => [r.name as string, r]));
-    for (const [name, allocator] of this.allocators) {
+    for (const name of names) {
+      const allocator = this.allocators.get(name);
       const row = current.get(name);
-      const held = allocator.heldEpoch;
-      const changed = row?.kind !== 'batched' || (held !== undefined && Number(row.epoch) !== held);
-      if (changed) this.onChange(name);
+      if (!allocator) continue;
+      if (row?.kind !== 'batched') {
+        this.onChange(name);
+        this.forget(name);
+      } else {
+        allocator.retire(Number(row.epoch), row.timeout_ms === null ? null : Number(row.timeout_ms));
+      }
     }
   }
 }

@@ -15,10 +15,14 @@ export interface Reservation {
   timeoutMs: number | null;
 }
 
+/** What a node's supply holds right now: the range in use (`next` the first value not handed out) and the one after. */
+export interface HeldSupply {
+  current: { first: number; next: number; last: number } | undefined;
+  spare: { first: number; last: number } | undefined;
+}
+
 /** Reserves a range; `waitMs` bounds how long the statement may wait for a lock. */
 export type Reserve = (name: string, waitMs: number | null) => Promise<Reservation>;
-
-export { BACKOFF_BASE_MS, BACKOFF_CAP_MS, backoffDelay } from '../db/backoff.js';
 
 /** Failures worth another try: the database was busy, unreachable, or changed under us. */
 const RETRYABLE = new Set<OrdoErrorCode>(['timeout', 'database_unavailable', 'database_error']);
@@ -58,6 +62,8 @@ export class Allocator {
   private reserving: Promise<void> | undefined;
   /** Bumped by drop(): a reservation started before it must not install its range. */
   private generation = 0;
+  /** Ranges of older definitions are never installed (see retire()). */
+  private floor = 0;
 
   constructor(
     readonly name: string,
@@ -69,6 +75,15 @@ export class Allocator {
   /** The definition epoch of the ranges held, if any. */
   get heldEpoch(): number | undefined {
     return this.epoch;
+  }
+
+  /** The ranges held, for the dashboard: read only. */
+  held(): HeldSupply {
+    const { epoch, first, next, last, spare } = this;
+    return {
+      current: epoch === undefined || last < first ? undefined : { first, next, last },
+      spare: spare && { first: spare.first, last: spare.last },
+    };
   }
 
   /** A value from memory, or undefined when the current range is used up. */
@@ -118,9 +133,26 @@ export class Allocator {
     return unused ? { from: next, lastFirst: first, epoch } : undefined;
   }
 
-  /** Discards every range held: the sequence was redefined or removed. */
+  /**
+   * The definition is now the one of `epoch` (epochs only grow): ranges of older ones are
+   * discarded, held or in flight, and a range of this one is kept — such as the one a
+   * reservation waiting behind the redefinition's lock took just after it, or the range
+   * reserved before this node's own redefinition came back to it as a notification.
+   */
+  retire(epoch: number, timeoutMs: number | null): void {
+    this.timeoutMs = timeoutMs;
+    if (epoch <= this.floor) return;
+    this.floor = epoch;
+    if (this.epoch !== undefined && this.epoch < epoch) this.clear();
+  }
+
+  /** Discards every range held and in flight: the sequence was removed, or anything may have changed. */
   drop(): void {
     this.generation++;
+    this.clear();
+  }
+
+  private clear(): void {
     this.next = 1;
     this.last = 0;
     this.spare = undefined;
@@ -144,9 +176,8 @@ export class Allocator {
       if (remaining !== null && remaining <= 0) throw timeoutError(this.timeoutMs!, lastError);
       try {
         const r = await this.reserve(this.name, remaining === null ? null : Math.ceil(remaining));
-        this.timeoutMs = r.timeoutMs;
-        // Dropped meanwhile: this range may belong to the old definition. It becomes a gap.
-        if (generation === this.generation) this.accept(r);
+        // Dropped meanwhile, or of a definition known to be gone: the range becomes a gap.
+        if (generation === this.generation && r.epoch >= this.floor) this.accept(r);
         return;
       } catch (error) {
         if (!(error instanceof OrdoError) || !RETRYABLE.has(error.code)) throw error;
@@ -158,13 +189,10 @@ export class Allocator {
   }
 
   private accept(r: Reservation): void {
-    if (this.epoch !== undefined && r.epoch !== this.epoch) {
-      // Redefined and the notification has not arrived (or was missed): nothing older is served.
-      this.next = 1;
-      this.last = 0;
-      this.spare = undefined;
-    }
+    // Redefined and the notification has not arrived (or was missed): nothing older is served.
+    if (this.epoch !== undefined && r.epoch !== this.epoch) this.clear();
     this.epoch = r.epoch;
+    this.timeoutMs = r.timeoutMs;
     if (this.next > this.last) this.install(r);
     else this.spare = r;
   }

@@ -5,6 +5,7 @@ import {
   identifier,
   invalid,
   knownKeys,
+  MAX_TIME_ZONE_LENGTH,
   MAX_VALUE,
   oneOf,
   plainObject,
@@ -40,6 +41,8 @@ export interface DefineSequenceOptions {
   reset?: ResetPeriod;
   /** IANA time zone in which periods and dates are computed (default 'UTC'). */
   timeZone?: string;
+  /** With reset 'year': the month (1–12) the year starts in, for fiscal years (4: April); default 1. */
+  yearStart?: number;
   /** Text form, e.g. 'INV-{YYYY}-{n:6}'. */
   format?: string;
   /** Return the existing definition instead of failing with sequence_exists. */
@@ -60,6 +63,8 @@ export interface SequenceDefinition {
   cycle: boolean;
   reset: ResetPeriod;
   timeZone: string;
+  /** The month (1–12) a yearly period starts in; 1 unless a fiscal year. */
+  yearStart: number;
   format: string | null;
   /** Bumped by every redefinition. */
   epoch: number;
@@ -80,6 +85,7 @@ const DEFINE_KEYS = [
   'cycle',
   'reset',
   'timeZone',
+  'yearStart',
   'format',
   'ifNotExists',
 ] as const;
@@ -89,6 +95,8 @@ export type ValidDefinition = Omit<SequenceDefinition, 'createdAt' | 'updatedAt'
 };
 
 export const MAX_BATCH = 1_000_000;
+/** The longest reservation timeout: a year. */
+export const MAX_TIMEOUT_MS = 365 * 24 * 3_600_000;
 
 /** Checks everything that can be checked without the database, before anything is written. */
 export function validateDefinition(input: DefineSequenceOptions): ValidDefinition {
@@ -104,7 +112,7 @@ export function validateDefinition(input: DefineSequenceOptions): ValidDefinitio
   const minValue = safeInteger('minValue', o.minValue ?? start, -MAX_VALUE, start);
   const maxValue = safeInteger('maxValue', o.maxValue ?? MAX_VALUE, start);
   const timeZone = o.timeZone ?? 'UTC';
-  if (typeof timeZone !== 'string' || timeZone.length === 0 || timeZone.length > 64) {
+  if (typeof timeZone !== 'string' || timeZone.length === 0 || timeZone.length > MAX_TIME_ZONE_LENGTH) {
     throw invalid(
       `timeZone must be an IANA time zone name such as 'Europe/Paris' (got ${describe(timeZone)})`,
     );
@@ -123,34 +131,49 @@ export function validateDefinition(input: DefineSequenceOptions): ValidDefinitio
     for (const key of ['batch', 'timeout'] as const) {
       if (o[key] !== undefined) throw invalid(`${key} applies to batched sequences only`);
     }
+    const reset = oneOf('reset', o.reset ?? 'never', RESET_PERIODS);
+    const yearStart = safeInteger('yearStart', o.yearStart ?? 1, 1, 12);
+    if (yearStart !== 1 && reset !== 'year') {
+      throw invalid(`yearStart needs reset: 'year' (got reset '${reset}')`);
+    }
     return {
       ...common,
       batch: null,
       timeoutMs: null,
       cycle: boolean('cycle', o.cycle ?? false),
-      reset: oneOf('reset', o.reset ?? 'never', RESET_PERIODS),
+      reset,
+      yearStart,
       format: o.format === undefined || o.format === null ? null : validateFormat(o.format),
     };
   }
-  for (const key of ['cycle', 'reset', 'format', 'minValue'] as const) {
+  for (const key of ['cycle', 'reset', 'format', 'minValue', 'yearStart'] as const) {
     if (
       o[key] !== undefined &&
       !(key === 'reset' && o[key] === 'never') &&
-      !(key === 'cycle' && o[key] === false)
+      !(key === 'cycle' && o[key] === false) &&
+      !(key === 'yearStart' && o[key] === 1)
     ) {
       throw invalid(`${key} applies to gapless sequences only`);
     }
   }
   const batch = safeInteger('batch', o.batch ?? 1000, 1, MAX_BATCH);
   if (batch * increment > MAX_VALUE) throw invalid('batch × increment must stay below 2^53');
-  return { ...common, batch, timeoutMs: parseTimeout(o.timeout), cycle: false, reset: 'never', format: null };
+  return {
+    ...common,
+    batch,
+    timeoutMs: parseTimeout(o.timeout),
+    cycle: false,
+    reset: 'never',
+    yearStart: 1,
+    format: null,
+  };
 }
 
 /** A timeout as milliseconds, or a SurrealDB duration ('5s'); null or undefined: none. */
 export function parseTimeout(value: unknown): number | null {
   if (value === undefined || value === null) return null;
   if (typeof value === 'string') return parseDuration(value);
-  return safeInteger('timeout', value, 0, 365 * 24 * 3_600_000);
+  return safeInteger('timeout', value, 0, MAX_TIMEOUT_MS);
 }
 
 /**
@@ -174,6 +197,7 @@ export function toDefinition(row: Record<string, any>): SequenceDefinition {
     cycle: row.cycle,
     reset: row.reset,
     timeZone: row.time_zone,
+    yearStart: Number(row.year_start ?? 1),
     format: row.format,
     epoch: Number(row.epoch),
     createdAt: new Date(row.created_at),

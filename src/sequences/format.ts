@@ -1,4 +1,4 @@
-import { invalid } from '../validate.js';
+import { invalid, MAX_TEXT } from '../validate.js';
 
 /**
  * Formats are rendered in SQL (`render()` in the migrations) so that every language gets
@@ -6,7 +6,19 @@ import { invalid } from '../validate.js';
  * again. The same grammar is checked in SQL (`check_format`) for definitions from any client;
  * this module refuses bad formats first, with the same messages.
  */
-export const FORMAT_TOKENS = ['{YYYY}', '{YY}', '{MM}', '{DD}', '{WW}', '{IYYY}', '{scope}', '{n}', '{n:W}'];
+export const FORMAT_TOKENS = [
+  '{YYYY}',
+  '{YY}',
+  '{MM}',
+  '{DD}',
+  '{WW}',
+  '{IYYY}',
+  '{FY}',
+  '{FYE}',
+  '{scope}',
+  '{n}',
+  '{n:W}',
+];
 export const MAX_FORMAT_LENGTH = 200;
 /** The longest text a format may render (each `{scope}` counts as its 200 characters). */
 export const MAX_RENDERED_LENGTH = 1000;
@@ -17,10 +29,10 @@ const NUMBER = /^\{n(:([1-9]|1[0-9]|20))?\}$/;
 
 /** How long a token can render, as `token_width()` in SQL; undefined for an unknown token. */
 function tokenWidth(token: string): number | undefined {
-  if (token === '{YYYY}' || token === '{IYYY}') return 6;
+  if (['{YYYY}', '{IYYY}', '{FY}', '{FYE}'].includes(token)) return 6;
   if (['{YY}', '{MM}', '{DD}', '{WW}'].includes(token)) return 2;
   if (NUMBER.test(token)) return 20;
-  if (token === '{scope}') return 200;
+  if (token === '{scope}') return MAX_TEXT;
   return undefined;
 }
 

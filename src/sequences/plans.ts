@@ -14,12 +14,12 @@ export function sequencePlans(schema: string) {
    */
   const durable = `CROSS JOIN (SELECT set_config('synchronous_commit', 'on', true)) AS durable`;
   const columns =
-    'name, kind, start, batch, timeout_ms, increment, min_value, max_value, cycle, reset, time_zone, format, epoch, created_at, updated_at';
+    'name, kind, start, batch, timeout_ms, increment, min_value, max_value, cycle, reset, time_zone, year_start, format, epoch, created_at, updated_at';
   return {
     /** NOTIFY channel on which redefinitions and removals reach every node. */
     channel: `ordo_sequences.${schema}`,
     /** Creates or redefines (mode), after PostgreSQL has checked the time zone. */
-    define: `SELECT r.outcome, (r.definition).* FROM ${s}.define_sequence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) AS r`,
+    define: `SELECT r.outcome, (r.definition).* FROM ${s}.define_sequence($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) AS r`,
     get: `SELECT ${columns} FROM ${s}.sequences WHERE name = $1`,
     list: `SELECT ${columns} FROM ${s}.sequences ORDER BY name`,
     /** Current value per scope and period; sequences never used appear once with nulls. */
@@ -33,11 +33,36 @@ export function sequencePlans(schema: string) {
     /** A closing node gives its unused values back, if they end the last range (compare-and-set). */
     giveBack: `SELECT ${s}.give_back($1, $2, $3, $4, $5, $6) AS given_back`,
     /** Epochs of the batched sequences a node holds ranges of (a missed NOTIFY cannot keep a range alive). */
-    epochs: `SELECT name, epoch, kind FROM ${s}.sequences WHERE name = ANY($1::text[])`,
+    epochs: `SELECT name, epoch, kind, timeout_ms FROM ${s}.sequences WHERE name = ANY($1::text[])`,
     /** The hot path: `how_many` consecutive values, in order, in one statement. */
     take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4) ${durable}`,
     /** take(), once per (sequence, idempotency key): a retry with the key gets the same values. */
     takeOnce: `SELECT value, text, period, replayed FROM ${s}.take_once($1, $2, coalesce($3::timestamptz, now()), $4, $5) ${durable}`,
+    /** Numbers a table's column at commit (a deferred trigger); false when attached so already. */
+    attach: `SELECT ${s}.attach_sequence($1, $2, $3, $4, $5) AS attached`,
+    detach: `SELECT ${s}.detach_sequence($1, $2, $3) AS detached`,
+    /** Attachments of one sequence ($1) or of all (null). */
+    attachments: `SELECT sequence, table_name::text AS table_name, column_name, scope_column, text_column
+      FROM ${s}.attachments WHERE $1::text IS NULL OR sequence = $1 ORDER BY sequence, table_name::text, column_name`,
+    /** Per sequence ($1, or every one when null): no row, no such sequence; a null scope, no holder. */
+    holders: `SELECT d.name AS sequence, h.* FROM ${s}.sequences AS d
+      LEFT JOIN LATERAL ${s}.sequence_holders(d.name) AS h ON d.kind = 'gapless'
+      WHERE $1::text IS NULL OR d.name = $1 ORDER BY d.name`,
+    /** Counters of one sequence ($1) or of all (null), the most recently used first, at most $2. */
+    counters: `SELECT sequence, scope, to_char(nullif(period, '-infinity'), 'YYYY-MM-DD') AS period, value, updated_at
+      FROM ${s}.counters WHERE $1::text IS NULL OR sequence = $1 ORDER BY updated_at DESC, sequence, scope LIMIT $2`,
+    /** The ranges each node holds of the current definition: its last two (the one in use and the next). */
+    ranges: `SELECT sequence, node_id, first, last, epoch, reserved_at, increment FROM (
+        SELECT b.*, d.increment, row_number() OVER (PARTITION BY b.sequence, b.node_id ORDER BY b.first DESC) AS nth
+          FROM ${s}.sequence_batches AS b JOIN ${s}.sequences AS d ON d.name = b.sequence AND d.epoch = b.epoch
+         WHERE $1::text IS NULL OR b.sequence = $1) AS held
+      WHERE nth <= 2 ORDER BY sequence, node_id, first`,
+    /** Values taken so far per sequence: gapless, in every scope and period; batched, reserved by every node. */
+    activity: `SELECT d.name, d.kind, CASE WHEN d.kind = 'batched'
+          THEN greatest((${s}.storage_position(d.storage) - d.start) / d.increment, 0)
+          ELSE coalesce((SELECT sum((c.value - d.start) / d.increment + 1) FROM ${s}.counters AS c WHERE c.sequence = d.name), 0)
+        END AS taken, clock_timestamp() AS at
+      FROM ${s}.sequences AS d ORDER BY d.name`,
     /** Coalesced standalone calls for several (sequence, scope, at) at once. */
     takeMany: `SELECT request, value, text, period FROM ${s}.take_many($1::text[], $2::text[], $3::timestamptz[], $4::integer[]) ${durable}`,
   };

@@ -10,11 +10,31 @@ import {
   knownKeys,
   plainObject,
   safeInteger,
+  MAX_TEXT,
   text,
 } from '../validate.js';
 import type { Notifications } from '../db/notifications.js';
+import {
+  type AttachOptions,
+  type Attachment,
+  checkAttach,
+  checkDetach,
+  type CounterHolder,
+  type DetachOptions,
+  toAttachment,
+  toHolder,
+} from './attachments.js';
+import {
+  type CounterValue,
+  type HeldRange,
+  type SequenceActivity,
+  toActivity,
+  toCounterValue,
+  toHeldRange,
+} from './activity.js';
 import { BatchedRegistry } from './batched-registry.js';
 import { Coalescer, type Issued, type Request } from './coalescer.js';
+import { statementSlots } from '../db/batcher.js';
 import {
   type DefineSequenceOptions,
   parseTimeout,
@@ -55,9 +75,10 @@ export interface RemoveOptions {
 
 /** Most values one call may take at once. */
 export const MAX_COUNT = 10_000;
-const MAX_SCOPE_LENGTH = 200;
 const NEXT_KEYS = ['scope', 'tx', 'at', 'idempotencyKey'] as const;
 export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
+/** Most rows one listing returns. */
+const MAX_LISTED = 10_000;
 
 interface Checked {
   name: string;
@@ -79,7 +100,7 @@ export class Sequences {
     private readonly plans: SequencePlans,
     private readonly ensureOpen: (withTx?: boolean) => void,
     private readonly inFlight: InFlight,
-    nodeId: string,
+    private readonly nodeId: string,
     isClosed: () => boolean,
     notifications: Notifications,
   ) {
@@ -89,15 +110,13 @@ export class Sequences {
       nodeId,
       (db, text, values, retryMs) => this.run(db, text, values, retryMs),
       isClosed,
-      (name) => this.forget(name),
+      (name) => this.definitions.delete(name),
       notifications,
     );
-    // A couple of batches in flight keep the pool busy without splitting callers needlessly.
-    const poolSize = (pool as { options?: { max?: number } }).options?.max ?? 10;
     this.coalescer = new Coalescer(
       (r) => this.takeMany(this.pool, r.name, r.scope, r.at, r.count),
       (requests) => this.takeBatch(requests),
-      Math.max(1, Math.min(4, Math.floor(poolSize / 2))),
+      statementSlots((pool as { options?: { max?: number } }).options?.max),
     );
   }
 
@@ -118,13 +137,18 @@ export class Sequences {
       d.timeZone,
       d.format,
       d.mode,
+      d.yearStart,
     ]);
     const row = rows[0]!;
     if (row.outcome === 'exists' && d.mode === 'create') {
       throw new OrdoError('sequence_exists', `The sequence '${d.name}' already exists`);
     }
-    if (row.outcome !== 'exists') this.forget(d.name);
-    return toDefinition(row);
+    const definition = toDefinition(row);
+    if (row.outcome !== 'exists') {
+      this.definitions.delete(d.name);
+      this.batched.redefined(definition);
+    }
+    return definition;
   }
 
   async get(name: string): Promise<SequenceDefinition | null> {
@@ -148,8 +172,10 @@ export class Sequences {
       timeoutMs,
     ]);
     if (!rows[0].altered) throw sequenceNotFound(name);
-    this.forget(name);
-    return (await this.get(name))!;
+    this.definitions.delete(name);
+    const definition = (await this.get(name))!;
+    this.batched.redefined(definition);
+    return definition;
   }
 
   /** Every sequence with its current value per scope and period. */
@@ -179,6 +205,58 @@ export class Sequences {
   }
 
   /**
+   * Numbers `options.column` of every row inserted into `options.table` from now on, by any
+   * client: the next gapless value, written as the row's transaction commits (the counter's
+   * lock is held for the commit only). Rolled-back rows consume nothing. Returns false when
+   * the column was numbered so already.
+   */
+  async attach(name: string, options: AttachOptions): Promise<boolean> {
+    this.ensureOpen();
+    const [sequence, a] = checkAttach(name, options);
+    const { rows } = await this.run(this.pool, this.plans.attach, [
+      sequence,
+      a.table,
+      a.column,
+      a.scopeColumn,
+      a.textColumn,
+    ]);
+    return rows[0].attached;
+  }
+
+  /**
+   * Stops numbering a column. Waits for the transactions writing the table, whose rows are
+   * numbered as they commit. Returns false when the column was not numbered by this sequence.
+   */
+  async detach(name: string, options: DetachOptions): Promise<boolean> {
+    this.ensureOpen();
+    const { rows } = await this.run(this.pool, this.plans.detach, checkDetach(name, options));
+    return rows[0].detached;
+  }
+
+  /** The columns numbered at commit, by one sequence or by all. */
+  async attachments(name?: string): Promise<Attachment[]> {
+    this.ensureOpen();
+    const { rows } = await this.run(this.pool, this.plans.attachments, [
+      name === undefined ? null : identifier('name', name),
+    ]);
+    return rows.map(toAttachment);
+  }
+
+  /**
+   * The transactions holding this sequence's counters (or every sequence's, without a name)
+   * right now: numbers taken in a caller's transaction that has not ended, and how many wait
+   * behind each. Why numbering is slow.
+   */
+  async holders(name?: string): Promise<CounterHolder[]> {
+    this.ensureOpen();
+    const { rows } = await this.run(this.pool, this.plans.holders, [
+      name === undefined ? null : identifier('name', name),
+    ]);
+    if (name !== undefined && rows.length === 0) throw sequenceNotFound(name);
+    return rows.filter((r) => r.scope !== null).map(toHolder);
+  }
+
+  /**
    * The next value. Gapless: inside `tx` when given (a rollback gives it back), else coalesced
    * with concurrent standalone calls. Batched: from this node's range in memory (never in `tx`).
    */
@@ -200,6 +278,46 @@ export class Sequences {
   /** Range reservations this node has made, per batched sequence. */
   get reservations(): ReadonlyMap<string, number> {
     return this.batched.reservations;
+  }
+
+  /**
+   * Gapless counters (of one sequence, or of all) with their current value, the most recently
+   * used first: at most `limit` (default 100). Read without waiting for any transaction.
+   */
+  async counters(options: { name?: string; limit?: number } = {}): Promise<CounterValue[]> {
+    this.ensureOpen();
+    const o = plainObject('counters options', options);
+    knownKeys('sequences.counters', o, ['name', 'limit']);
+    const name = o.name === undefined ? null : identifier('name', o.name);
+    const limit = safeInteger('limit', o.limit ?? 100, 1, MAX_LISTED);
+    const { rows } = await this.run(this.pool, this.plans.counters, [name, limit]);
+    return rows.map(toCounterValue);
+  }
+
+  /**
+   * The ranges of batched sequences each node holds (its last two of the current definition),
+   * with how much of each this node has used of its own.
+   */
+  async ranges(name?: string): Promise<HeldRange[]> {
+    this.ensureOpen();
+    const checked = name === undefined ? null : identifier('name', name);
+    const { rows } = await this.run(this.pool, this.plans.ranges, [checked]);
+    return rows.map((r) =>
+      toHeldRange(r, r.node_id === this.nodeId ? this.batched.get(r.sequence)?.held() : undefined),
+    );
+  }
+
+  /** How many values each sequence has given out so far (gapless: issued; batched: reserved). */
+  async activity(): Promise<SequenceActivity[]> {
+    this.ensureOpen();
+    const { rows } = await this.run(this.pool, this.plans.activity, []);
+    return rows.map(toActivity);
+  }
+
+  /** Calls `listener` after each range this node reserves, with the statement's duration; returns the unsubscribe. */
+  onReservation(listener: (sequence: string, ms: number) => void): () => void {
+    this.batched.reservationListeners.add(listener);
+    return () => this.batched.reservationListeners.delete(listener);
   }
 
   /** @internal Resolves when every call accepted so far has been answered. */
@@ -325,7 +443,7 @@ export class Sequences {
 function checkNext(name: string, options: NextOptions): Checked {
   const o = plainObject('next options', options);
   knownKeys('sequences.next', o, NEXT_KEYS);
-  const scope = text('scope', o.scope ?? '', 0, MAX_SCOPE_LENGTH);
+  const scope = text('scope', o.scope ?? '', 0, MAX_TEXT);
   return {
     name: identifier('name', name),
     scope,

@@ -8,17 +8,17 @@ import Fastify, {
   type FastifyServerOptions,
   LogController,
 } from 'fastify';
-import { ERROR_CODES, OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoError } from '../errors.js';
-import type { Ordo } from '../ordo.js';
-import { MAX_BATCH } from '../sequences/definitions.js';
-import { MAX_COUNT, MAX_IDEMPOTENCY_KEY_LENGTH } from '../sequences/sequences.js';
-import { MAX_VALUE } from '../validate.js';
+import { ERROR_CODES, type Ordo, OrdoError, type OrdoErrorCode, toOrdoError } from '../index.js';
 import { authenticate, type Scope, type Token } from './auth.js';
 import { createMetrics } from './metrics.js';
 import { outboxRoutes } from './outbox-routes.js';
-import { ERROR, IF_EXISTS_QUERY, NAME } from './schemas.js';
+import { ERROR } from './schemas.js';
+import { sequenceRoutes } from './sequence-routes.js';
 import { throttleRoutes } from './throttle-routes.js';
 import { validationMessage } from './validation-message.js';
+
+// The CLI reaches the server through this module alone.
+export { parseTokens, readTokensFile, type Token } from './auth.js';
 
 export interface ServerOptions {
   /** Bearer tokens; when empty or absent every route is open. */
@@ -59,72 +59,6 @@ declare module 'fastify' {
     scope?: Scope;
   }
 }
-
-const INTEGER = { type: 'integer', minimum: -MAX_VALUE, maximum: MAX_VALUE } as const;
-const DEFINITION = {
-  type: 'object',
-  properties: {
-    name: { type: 'string' },
-    kind: { type: 'string', enum: ['gapless', 'batched'] },
-    start: { type: 'integer' },
-    batch: { type: ['integer', 'null'] },
-    timeoutMs: { type: ['integer', 'null'] },
-    increment: { type: 'integer' },
-    minValue: { type: 'integer' },
-    maxValue: { type: 'integer' },
-    cycle: { type: 'boolean' },
-    reset: { type: 'string' },
-    timeZone: { type: 'string' },
-    format: { type: ['string', 'null'] },
-    epoch: { type: 'integer' },
-    createdAt: { type: 'string', format: 'date-time' },
-    updatedAt: { type: 'string', format: 'date-time' },
-  },
-} as const;
-const DEFINE_BODY = {
-  type: 'object',
-  additionalProperties: false,
-  properties: {
-    kind: { type: 'string', enum: ['gapless', 'batched'] },
-    start: INTEGER,
-    increment: { type: 'integer', minimum: 1, maximum: MAX_VALUE },
-    minValue: INTEGER,
-    maxValue: INTEGER,
-    cycle: { type: 'boolean' },
-    reset: { type: 'string', enum: ['never', 'day', 'week', 'month', 'year'] },
-    timeZone: { type: 'string', minLength: 1, maxLength: 64 },
-    format: { type: ['string', 'null'], maxLength: 200 },
-    batch: { type: 'integer', minimum: 1, maximum: MAX_BATCH },
-    timeout: {
-      anyOf: [
-        { type: 'integer', minimum: 0, maximum: 31_536_000_000 },
-        { type: 'string', maxLength: 64 },
-        { type: 'null' },
-      ],
-    },
-    ifNotExists: { type: 'boolean' },
-    overwrite: { type: 'boolean' },
-  },
-} as const;
-const NEXT_BODY = {
-  type: 'object',
-  additionalProperties: false,
-  properties: {
-    scope: { type: 'string', maxLength: 200 },
-    count: { type: 'integer', minimum: 1, maximum: MAX_COUNT, description: `at most ${MAX_COUNT}` },
-    at: { type: 'string', maxLength: 64, description: 'ISO 8601 timestamp with an offset' },
-  },
-} as const;
-const NEXT_REPLY = {
-  type: 'object',
-  properties: {
-    value: { type: 'integer' },
-    values: { type: 'array', items: { type: 'integer' } },
-    text: { type: 'string' },
-    texts: { type: 'array', items: { type: 'string' } },
-    period: { type: ['string', 'null'] },
-  },
-} as const;
 
 /** Retry-After of a 503, in seconds: PostgreSQL restarts in about that. */
 const RETRY_AFTER_S = 1;
@@ -318,110 +252,7 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     async (request) => ordo.query(request.body.query),
   );
 
-  app.get(
-    '/v1/sequences',
-    {
-      config: { scope: 'read' },
-      schema: { response: { ...errors, 200: { type: 'array', items: DEFINITION } } },
-    },
-    async () => ordo.sequences.list(),
-  );
-
-  app.get<{ Params: { name: string } }>(
-    '/v1/sequences/:name',
-    {
-      config: { scope: 'read' },
-      schema: {
-        params: { type: 'object', properties: { name: NAME } },
-        response: { ...errors, 200: DEFINITION },
-      },
-    },
-    async (request) => {
-      const definition = await ordo.sequences.get(request.params.name);
-      if (!definition) {
-        throw sequenceNotFound(request.params.name);
-      }
-      return definition;
-    },
-  );
-
-  app.put<{ Params: { name: string }; Body: Record<string, unknown> }>(
-    '/v1/sequences/:name',
-    {
-      config: { scope: 'admin' },
-      schema: {
-        summary: 'Define a sequence (the options of ordo.sequences.define)',
-        params: { type: 'object', properties: { name: NAME } },
-        body: DEFINE_BODY,
-        response: { ...errors, 200: DEFINITION },
-      },
-    },
-    async (request) => ordo.sequences.define({ ...(request.body ?? {}), name: request.params.name }),
-  );
-
-  app.delete<{ Params: { name: string }; Querystring: { ifExists?: string } }>(
-    '/v1/sequences/:name',
-    {
-      config: { scope: 'admin' },
-      schema: {
-        params: { type: 'object', properties: { name: NAME } },
-        querystring: IF_EXISTS_QUERY,
-        response: { ...errors, 200: { type: 'object', properties: { removed: { type: 'boolean' } } } },
-      },
-    },
-    async (request) => ({
-      removed: await ordo.sequences.remove(request.params.name, {
-        ifExists: request.query.ifExists === 'true',
-      }),
-    }),
-  );
-
-  app.post<{
-    Params: { name: string };
-    Body: { scope?: string; count?: number; at?: string } | undefined;
-    Headers: { 'idempotency-key'?: string };
-  }>(
-    '/v1/sequences/:name/next',
-    {
-      config: { scope: 'next' },
-      schema: {
-        summary: 'Take the next value(s) of a sequence',
-        description:
-          'With an Idempotency-Key header (gapless sequences), the same key with the same scope and count within a day answers the same values: retry a 503 or a lost answer with it and no number is lost.',
-        params: { type: 'object', properties: { name: NAME } },
-        headers: {
-          type: 'object',
-          properties: {
-            'idempotency-key': { type: 'string', minLength: 1, maxLength: MAX_IDEMPOTENCY_KEY_LENGTH },
-          },
-        },
-        body: { ...NEXT_BODY, type: ['object', 'null'] },
-        response: { ...errors, 200: NEXT_REPLY },
-      },
-    },
-    async (request) => {
-      const { scope, count, at } = request.body ?? {};
-      const name = request.params.name;
-      const key = request.headers['idempotency-key'];
-      const opts = {
-        ...(scope === undefined ? {} : { scope }),
-        ...(at === undefined ? {} : { at }),
-        ...(key === undefined ? {} : { idempotencyKey: key }),
-      };
-      const issued =
-        count === undefined
-          ? [await ordo.sequences.next(name, opts)]
-          : await ordo.sequences.nextMany(name, count, opts);
-      metrics.issued.inc({ sequence: name }, issued.length);
-      return {
-        value: issued[0]!.value,
-        values: issued.map((i) => i.value),
-        text: issued[0]!.text,
-        texts: issued.map((i) => i.text),
-        period: issued[0]!.period,
-      };
-    },
-  );
+  sequenceRoutes(app, ordo, metrics);
 
   outboxRoutes(app, ordo);
 

@@ -1,6 +1,6 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { OrdoError } from '../errors.js';
+import { OrdoError } from '../index.js';
 
 /** read: GET routes; next: issue numbers; admin: define, remove, statements. */
 export const SCOPES = ['read', 'next', 'admin'] as const;

@@ -1,16 +1,26 @@
 import type { FastifyInstance } from 'fastify';
-import type { Ordo } from '../ordo.js';
-import { MAX_APPEND, type MessageInput } from '../outbox/messages.js';
+import {
+  MAX_APPEND,
+  MAX_BATCH,
+  MAX_PARTITIONS,
+  MAX_TEXT,
+  type MessageInput,
+  type NackOptions,
+  type Ordo,
+} from '../index.js';
 import { ERROR } from './schemas.js';
 
-const OUTBOX_NAME = { type: 'string', pattern: '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$' } as const;
-const TEXT = { type: ['string', 'null'], maxLength: 200 } as const;
+const OUTBOX_NAME = {
+  type: 'string',
+  pattern: `^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,${MAX_TEXT - 1}}$`,
+} as const;
+const TEXT = { type: ['string', 'null'], maxLength: MAX_TEXT } as const;
 const MESSAGE = {
   type: 'object',
   additionalProperties: false,
   required: ['type', 'data'],
   properties: {
-    type: { type: 'string', minLength: 1, maxLength: 200 },
+    type: { type: 'string', minLength: 1, maxLength: MAX_TEXT },
     data: { description: 'any JSON value' },
     key: TEXT,
     messageId: { ...TEXT, minLength: 1 },
@@ -18,6 +28,21 @@ const MESSAGE = {
   },
 } as const;
 const DATE = { type: ['string', 'null'], format: 'date-time' } as const;
+const PARTITION_LAG = {
+  type: 'object',
+  properties: {
+    partition: { type: 'integer' },
+    owner: { type: ['string', 'null'] },
+    leaseUntil: DATE,
+    position: { type: 'integer' },
+    messagesBehind: { type: 'integer' },
+    oldestAgeMs: { type: ['integer', 'null'] },
+    attempts: { type: 'integer' },
+    lastError: { type: ['string', 'null'] },
+    delivered: { type: 'integer' },
+    checkpointedAt: DATE,
+  },
+} as const;
 const LAG = {
   type: 'object',
   properties: {
@@ -25,13 +50,9 @@ const LAG = {
     topic: { type: 'string' },
     owner: { type: ['string', 'null'] },
     leaseUntil: DATE,
-    cursor: {
-      type: 'object',
-      properties: { transactionId: { type: 'string' }, position: { type: 'integer' } },
-    },
     messagesBehind: { type: 'integer' },
     oldestAgeMs: { type: ['integer', 'null'] },
-    waiting: { type: 'integer', description: 'committed messages held back by an older open transaction' },
+    waiting: { type: 'integer', description: 'open transactions that appended to the topic' },
     blockedBy: {
       type: ['object', 'null'],
       properties: {
@@ -47,12 +68,35 @@ const LAG = {
     lastError: { type: ['string', 'null'] },
     delivered: { type: 'integer' },
     checkpointedAt: DATE,
+    partitions: { type: 'array', items: PARTITION_LAG },
   },
 } as const;
+const DURATION = {
+  anyOf: [
+    { type: 'string', minLength: 1, maxLength: 50 },
+    { type: 'integer', minimum: 0, description: 'milliseconds' },
+  ],
+} as const;
+const RECEIPT = { type: 'string', minLength: 1, maxLength: 100 } as const;
+const RECEIVED_MESSAGE = {
+  type: 'object',
+  properties: {
+    position: { type: 'integer' },
+    transactionId: { type: 'string' },
+    topic: { type: 'string' },
+    type: { type: 'string' },
+    key: { type: ['string', 'null'] },
+    messageId: { type: ['string', 'null'] },
+    data: {},
+    headers: { type: 'object', additionalProperties: true },
+    createdAt: { type: 'string', format: 'date-time' },
+  },
+} as const;
+const NAME_PARAMS = { type: 'object', properties: { name: OUTBOX_NAME } } as const;
 
 /** The outbox over HTTP: append to a topic, and read how far each subscription is behind. */
 export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
-  const errors = { 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 503: ERROR };
+  const errors = { 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 503: ERROR };
 
   app.post<{ Params: { topic: string }; Body: MessageInput | { messages: MessageInput[] } }>(
     '/v1/topics/:topic/messages',
@@ -119,5 +163,154 @@ export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
       },
     },
     async (request) => ordo.outbox.lag(request.params.name),
+  );
+
+  app.put<{
+    Params: { name: string };
+    Body: { topic: string; from?: 'beginning' | 'now'; partitions?: number };
+  }>(
+    '/v1/subscriptions/:name',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        summary: 'Create a subscription (a consumer over HTTP needs one); the same again is a no-op',
+        params: NAME_PARAMS,
+        body: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['topic'],
+          properties: {
+            topic: OUTBOX_NAME,
+            from: { type: 'string', enum: ['beginning', 'now'] },
+            partitions: { type: 'integer', minimum: 1, maximum: MAX_PARTITIONS },
+          },
+        },
+        response: { ...errors, 200: LAG },
+      },
+    },
+    async (request) => {
+      await ordo.outbox.createSubscription({ name: request.params.name, ...request.body });
+      return ordo.outbox.lag(request.params.name);
+    },
+  );
+
+  app.post<{ Params: { name: string }; Body: { to: string } }>(
+    '/v1/subscriptions/:name/seek',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        summary: "Move a subscription: 'beginning' (replay), 'now', or an ISO 8601 time; 409 while consumed",
+        params: NAME_PARAMS,
+        body: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['to'],
+          properties: {
+            to: {
+              anyOf: [
+                { type: 'string', enum: ['beginning', 'now'] },
+                { type: 'string', format: 'date-time' },
+              ],
+            },
+          },
+        },
+        response: { ...errors, 200: LAG },
+      },
+    },
+    async (request) => {
+      const { to } = request.body;
+      await ordo.outbox.seek(request.params.name, {
+        to: to === 'beginning' || to === 'now' ? to : new Date(to),
+      });
+      return ordo.outbox.lag(request.params.name);
+    },
+  );
+
+  app.post<{ Params: { name: string }; Body: { max?: number; visibilityTimeout?: string | number } }>(
+    '/v1/subscriptions/:name/receive',
+    {
+      config: { scope: 'next' },
+      schema: {
+        summary:
+          'A batch of the next messages, leased to the caller for visibilityTimeout: ack it with its receipt, or nack it',
+        params: NAME_PARAMS,
+        body: {
+          type: 'object',
+          additionalProperties: false,
+          properties: {
+            max: { type: 'integer', minimum: 1, maximum: MAX_BATCH },
+            visibilityTimeout: DURATION,
+          },
+        },
+        response: {
+          ...errors,
+          200: {
+            type: 'object',
+            properties: {
+              messages: { type: 'array', items: RECEIVED_MESSAGE },
+              receipt: { type: ['string', 'null'] },
+              attempt: { type: 'integer' },
+            },
+          },
+        },
+      },
+    },
+    async (request) => ordo.outbox.receive(request.params.name, request.body ?? {}),
+  );
+
+  app.post<{ Params: { name: string }; Body: { receipt: string } }>(
+    '/v1/subscriptions/:name/ack',
+    {
+      config: { scope: 'next' },
+      schema: {
+        summary: 'Move the subscription past a received batch; 409 receipt_expired once its lease lapsed',
+        params: NAME_PARAMS,
+        body: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['receipt'],
+          properties: { receipt: RECEIPT },
+        },
+        response: { ...errors, 200: { type: 'object', properties: { handled: { type: 'integer' } } } },
+      },
+    },
+    async (request) => ordo.outbox.ack(request.params.name, request.body.receipt),
+  );
+
+  app.post<{ Params: { name: string }; Body: NackOptions & { receipt: string } }>(
+    '/v1/subscriptions/:name/nack',
+    {
+      config: { scope: 'next' },
+      schema: {
+        summary:
+          'Hand a received batch back: delivered again after retryAfter (or a back-off); parked in dead letters after maxAttempts',
+        params: NAME_PARAMS,
+        body: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['receipt'],
+          properties: {
+            receipt: RECEIPT,
+            error: { type: 'string', minLength: 1, maxLength: 2000 },
+            retryAfter: DURATION,
+            maxAttempts: { type: 'integer', minimum: 1, maximum: 1_000_000 },
+          },
+        },
+        response: {
+          ...errors,
+          200: {
+            type: 'object',
+            properties: {
+              outcome: { type: 'string', enum: ['split', 'retry', 'parked'] },
+              attempts: { type: 'integer' },
+            },
+          },
+        },
+      },
+    },
+    async (request) => {
+      const { receipt, ...options } = request.body;
+      return ordo.outbox.nack(request.params.name, receipt, options);
+    },
   );
 }

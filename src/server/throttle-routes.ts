@@ -1,15 +1,33 @@
-import type { FastifyInstance } from 'fastify';
-import type { Ordo } from '../ordo.js';
-import { MAX_DURATION_MS, MAX_LIMIT } from '../throttles/definitions.js';
-import { MAX_ERROR_LENGTH, type PermitEnd } from '../throttles/permit.js';
-import { throttleNotFound } from '../throttles/throttles.js';
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import {
+  type AcquireResult,
+  MAX_DURATION_MS,
+  MAX_ERROR_LENGTH,
+  MAX_ITEMS,
+  MAX_LIMIT,
+  MAX_TEXT,
+  type Ordo,
+  OrdoError,
+  type PermitEnd,
+  REFUSAL_REASONS,
+} from '../index.js';
 import { ERROR, IF_EXISTS_QUERY, NAME } from './schemas.js';
+
+/** The longest an HTTP caller waits in line (a long poll): proxies cut longer requests. */
+export const MAX_HTTP_WAIT_MS = 60_000;
 
 const PERMIT_ID = {
   type: 'string',
   pattern: '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$',
 } as const;
-const KEY = { type: 'string', maxLength: 200, description: "limits apply per key; default ''" } as const;
+const KEY = { type: 'string', maxLength: MAX_TEXT, description: "limits apply per key; default ''" } as const;
+const HOLDER = { type: 'string', minLength: 1, maxLength: MAX_TEXT } as const;
+const COST = {
+  type: 'integer',
+  minimum: 1,
+  maximum: MAX_LIMIT,
+  description: 'units taken (default 1)',
+} as const;
 const DURATION = {
   anyOf: [
     { type: 'integer', minimum: 1, maximum: MAX_DURATION_MS, description: 'milliseconds' },
@@ -18,7 +36,22 @@ const DURATION = {
 } as const;
 const DATE = { type: 'string', format: 'date-time' } as const;
 const NULLABLE_DATE = { type: ['string', 'null'], format: 'date-time' } as const;
-const POLICY = { type: 'string', enum: ['every', 'rate', 'concurrency'] } as const;
+const WAIT = {
+  anyOf: [
+    { type: 'integer', minimum: 0, maximum: MAX_HTTP_WAIT_MS, description: 'milliseconds' },
+    {
+      type: 'string',
+      maxLength: 64,
+      description: "such as '10s': wait in line this long at most (a long poll)",
+    },
+  ],
+} as const;
+const POLICY = { type: 'string', enum: REFUSAL_REASONS } as const;
+const NULLABLE_INT = { type: ['integer', 'null'] } as const;
+const LIMITS = {
+  type: 'object',
+  properties: { everyMs: NULLABLE_INT, limit: NULLABLE_INT, perMs: NULLABLE_INT, concurrency: NULLABLE_INT },
+} as const;
 
 const DEFINITION = {
   type: 'object',
@@ -61,7 +94,17 @@ const RUNNING = {
 } as const;
 const PERMIT = {
   type: 'object',
-  properties: { granted: { type: 'boolean' }, ...RUNNING.properties },
+  properties: {
+    granted: { type: 'boolean' },
+    ...RUNNING.properties,
+    items: {
+      type: 'array',
+      items: {
+        type: 'object',
+        properties: { name: { type: 'string' }, key: { type: 'string' }, cost: { type: 'integer' } },
+      },
+    },
+  },
 } as const;
 const REFUSED = {
   type: 'object',
@@ -71,6 +114,10 @@ const REFUSED = {
     message: { type: 'string' },
     retryAfterMs: { type: 'integer' },
     reason: POLICY,
+    limit: {
+      type: ['object', 'null'],
+      properties: { name: { type: 'string' }, key: { type: 'string' } },
+    },
   },
   required: ['code', 'message', 'retryAfterMs', 'reason'],
 } as const;
@@ -97,7 +144,28 @@ const STATE = {
     lastError: { type: ['string', 'null'] },
     lastPermitId: { type: ['string', 'null'] },
     running: { type: 'array', items: RUNNING },
+    ownLimits: LIMITS,
+    pausedUntil: NULLABLE_DATE,
+    waiting: { type: 'integer' },
     observedAt: DATE,
+  },
+} as const;
+const ITEM = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['name'],
+  properties: { name: NAME, key: KEY, cost: COST },
+} as const;
+const KEY_LIMITS_BODY = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['key'],
+  properties: {
+    key: KEY,
+    every: { anyOf: [...DURATION.anyOf, { type: 'null' }] },
+    limit: { type: ['integer', 'null'], minimum: 1, maximum: MAX_LIMIT },
+    per: { anyOf: [...DURATION.anyOf, { type: 'null' }] },
+    concurrency: { type: ['integer', 'null'], minimum: 1, maximum: MAX_LIMIT },
   },
 } as const;
 
@@ -131,7 +199,8 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
     },
     async (request) => {
       const definition = await ordo.throttles.get(request.params.name);
-      if (!definition) throw throttleNotFound(request.params.name);
+      if (!definition)
+        throw new OrdoError('throttle_not_found', `The throttle '${request.params.name}' does not exist`);
       return definition;
     },
   );
@@ -181,35 +250,190 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
     async (request) => ordo.throttles.state(request.params.name, request.query.key ?? ''),
   );
 
-  app.post<{ Params: { name: string }; Body: { key?: string; holder?: string } | null }>(
+  app.get<{ Params: { name: string }; Querystring: { limit?: number } }>(
+    '/v1/throttles/:name/keys',
+    {
+      config: { scope: 'read' },
+      schema: {
+        summary: 'The keys of a throttle with their state, the most recently active first',
+        params: byName,
+        querystring: {
+          type: 'object',
+          additionalProperties: false,
+          properties: { limit: { type: 'integer', minimum: 1, maximum: 10_000 } },
+        },
+        response: { ...errors, 200: { type: 'array', items: STATE } },
+      },
+    },
+    async (request) =>
+      ordo.throttles.keys(request.params.name, {
+        ...(request.query.limit === undefined ? {} : { limit: request.query.limit }),
+      }),
+  );
+
+  app.put<{ Params: { name: string }; Body: { key: string } & Record<string, unknown> }>(
+    '/v1/throttles/:name/key-limits',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        summary: "Give a key its own limits (null or absent: the throttle's)",
+        params: byName,
+        body: KEY_LIMITS_BODY,
+        response: { ...errors, 200: LIMITS },
+      },
+    },
+    async (request) => {
+      const { key, ...limits } = request.body;
+      return ordo.throttles.setKeyLimits(request.params.name, key, limits);
+    },
+  );
+
+  app.delete<{ Params: { name: string }; Querystring: { key: string } }>(
+    '/v1/throttles/:name/key-limits',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        summary: "The key has the throttle's limits again",
+        params: byName,
+        querystring: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['key'],
+          properties: { key: KEY },
+        },
+        response: { ...errors, 200: LIMITS },
+      },
+    },
+    async (request) => ordo.throttles.removeKeyLimits(request.params.name, request.query.key),
+  );
+
+  app.post<{ Params: { name: string }; Body: { key?: string; until: string | number } }>(
+    '/v1/throttles/:name/pause',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        summary: 'Hold the throttle, or one key, until a time or for a duration (acquires: 429 paused)',
+        params: byName,
+        body: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['until'],
+          properties: {
+            key: KEY,
+            until: {
+              anyOf: [
+                {
+                  type: 'integer',
+                  minimum: 1,
+                  maximum: MAX_DURATION_MS,
+                  description: 'milliseconds from now',
+                },
+                {
+                  type: 'string',
+                  maxLength: 64,
+                  description: "an ISO 8601 time, or a duration such as '30s'",
+                },
+              ],
+            },
+          },
+        },
+        response: { ...errors, 200: { type: 'object', properties: { paused: { type: 'boolean' } } } },
+      },
+    },
+    async (request) => {
+      const { key, until } = request.body;
+      await ordo.throttles.pause(request.params.name, { ...(key === undefined ? {} : { key }), until });
+      return { paused: true };
+    },
+  );
+
+  app.post<{ Params: { name: string }; Body: { key?: string } | null }>(
+    '/v1/throttles/:name/resume',
+    {
+      config: { scope: 'admin' },
+      schema: {
+        summary: 'End a pause of the throttle, or of one key',
+        params: byName,
+        body: { type: ['object', 'null'], additionalProperties: false, properties: { key: KEY } },
+        response: { ...errors, 200: { type: 'object', properties: { paused: { type: 'boolean' } } } },
+      },
+    },
+    async (request) => {
+      const key = request.body?.key;
+      await ordo.throttles.resume(request.params.name, key === undefined ? {} : { key });
+      return { paused: false };
+    },
+  );
+
+  app.post<{
+    Params: { name: string };
+    Body: { key?: string; holder?: string; cost?: number; wait?: string | number } | null;
+  }>(
     '/v1/throttles/:name/acquire',
     {
       config: { scope: 'next' },
       schema: {
-        summary: 'One decision: 200 with a permit, or 429 with Retry-After',
+        summary: 'One decision: 200 with a permit, or 429 with Retry-After; with wait, a long poll in line',
         params: byName,
         body: {
           type: ['object', 'null'],
           additionalProperties: false,
-          properties: { key: KEY, holder: { type: 'string', minLength: 1, maxLength: 200 } },
+          properties: { key: KEY, holder: HOLDER, cost: COST, wait: WAIT },
         },
         response: { ...errors, 200: PERMIT, 429: REFUSED },
       },
     },
     async (request, reply) => {
-      const { key, holder } = request.body ?? {};
-      const got = await ordo.throttles.acquire(request.params.name, {
-        ...(key === undefined ? {} : { key }),
-        ...(holder === undefined ? {} : { holder }),
-      });
-      if (got.granted) return got.toJSON();
-      reply.status(429).header('retry-after', String(Math.ceil(got.retryAfterMs / 1000)));
-      return {
-        code: 'throttled',
-        message: `The throttle '${request.params.name}' refused a start (${got.reason}): retry in ${got.retryAfterMs} ms`,
-        retryAfterMs: got.retryAfterMs,
-        reason: got.reason,
-      };
+      const { key, holder, cost, wait } = request.body ?? {};
+      return answer(
+        reply,
+        await waitingFor(reply, wait, (options) =>
+          ordo.throttles.acquire(request.params.name, {
+            ...options,
+            ...(key === undefined ? {} : { key }),
+            ...(holder === undefined ? {} : { holder }),
+            ...(cost === undefined ? {} : { cost }),
+          }),
+        ),
+        `The throttle '${request.params.name}'`,
+      );
+    },
+  );
+
+  app.post<{
+    Body: {
+      items: { name: string; key?: string; cost?: number }[];
+      holder?: string;
+      wait?: string | number;
+    };
+  }>(
+    '/v1/acquire',
+    {
+      config: { scope: 'next' },
+      schema: {
+        summary: 'Several limits at once: one permit if every item grants, else 429 naming the limit',
+        body: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['items'],
+          properties: {
+            items: { type: 'array', minItems: 1, maxItems: MAX_ITEMS, items: ITEM },
+            holder: HOLDER,
+            wait: WAIT,
+          },
+        },
+        response: { ...errors, 200: PERMIT, 429: REFUSED },
+      },
+    },
+    async (request, reply) => {
+      const { items, holder, wait } = request.body;
+      return answer(
+        reply,
+        await waitingFor(reply, wait, (options) =>
+          ordo.throttles.acquireAll(items, { ...options, ...(holder === undefined ? {} : { holder }) }),
+        ),
+        'The line',
+      );
     },
   );
 
@@ -222,12 +446,16 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
     async (request): Promise<PermitEnd> => ordo.throttles.complete(request.params.id),
   );
 
-  app.post<{ Params: { id: string }; Body: { error?: string; refund?: boolean } | null }>(
+  app.post<{
+    Params: { id: string };
+    Body: { error?: string; refund?: boolean; retryAfter?: string | number } | null;
+  }>(
     '/v1/permits/:id/fail',
     {
       config: { scope: 'next' },
       schema: {
-        summary: 'End a permit as failed; with refund, a retry may start at once',
+        summary:
+          "End a permit as failed; with refund, a retry may start at once; with retryAfter, its keys are held (a downstream 429's Retry-After)",
         params: byId,
         body: {
           type: ['object', 'null'],
@@ -235,16 +463,18 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
           properties: {
             error: { type: 'string', maxLength: MAX_ERROR_LENGTH },
             refund: { type: 'boolean' },
+            retryAfter: DURATION,
           },
         },
         response: { ...errors, 200: ENDED },
       },
     },
     async (request): Promise<PermitEnd> => {
-      const { error, refund } = request.body ?? {};
+      const { error, refund, retryAfter } = request.body ?? {};
       return ordo.throttles.fail(request.params.id, {
         ...(error === undefined ? {} : { error }),
         ...(refund === undefined ? {} : { refund }),
+        ...(retryAfter === undefined ? {} : { retryAfter }),
       });
     },
   );
@@ -267,4 +497,45 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
       expiresAt: await ordo.throttles.extend(request.params.id),
     }),
   );
+}
+
+/**
+ * Runs an acquire, waiting in line when asked. A caller that goes away while it waits leaves
+ * the line; a permit granted to it meanwhile is given back (failed with refund), since nobody
+ * will ever end it.
+ */
+async function waitingFor(
+  reply: FastifyReply,
+  wait: string | number | undefined,
+  acquire: (options: { wait?: string | number; signal?: AbortSignal }) => Promise<AcquireResult>,
+): Promise<AcquireResult> {
+  if (wait === undefined) return acquire({});
+  const gone = new AbortController();
+  const onClose = () => {
+    if (!reply.raw.writableFinished) gone.abort();
+  };
+  reply.raw.on('close', onClose);
+  try {
+    const got = await acquire({ wait, signal: gone.signal });
+    if (got.granted && gone.signal.aborted) {
+      await got.fail('the HTTP caller went away while waiting', { refund: true }).catch(() => undefined);
+    }
+    return got;
+  } finally {
+    reply.raw.off('close', onClose);
+  }
+}
+
+/** 200 with the permit, or 429 with Retry-After (whole seconds) and why. */
+function answer(reply: FastifyReply, got: AcquireResult, what: string) {
+  if (got.granted) return got.toJSON();
+  reply.status(429).header('retry-after', String(Math.ceil(got.retryAfterMs / 1000)));
+  const who = got.limit ? `The throttle '${got.limit.name}' (key '${got.limit.key}')` : what;
+  return {
+    code: 'throttled',
+    message: `${who} refused a start (${got.reason}): retry in ${got.retryAfterMs} ms`,
+    retryAfterMs: got.retryAfterMs,
+    reason: got.reason,
+    limit: got.limit,
+  };
 }

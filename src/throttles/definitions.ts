@@ -1,8 +1,13 @@
 import { durationOption } from '../durations.js';
 import { boolean, identifier, invalid, knownKeys, plainObject, safeInteger } from '../validate.js';
 
-/** The policy that refused a start: one start per interval, the token bucket, or the concurrency limit. */
-export type ThrottlePolicy = 'every' | 'rate' | 'concurrency';
+/**
+ * Why a start was refused: one start per interval, the token bucket, the concurrency limit, a
+ * pause (pause(), or fail() with retryAfter), or others waiting in line for the key first.
+ */
+export type ThrottlePolicy = 'every' | 'rate' | 'concurrency' | 'paused' | 'queued';
+/** The reasons counted by `counters` (every refusal has one). */
+export const REFUSAL_REASONS = ['every', 'rate', 'concurrency', 'paused', 'queued'] as const;
 
 export interface DefineThrottleOptions {
   name: string;

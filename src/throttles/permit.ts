@@ -22,8 +22,20 @@ export interface PermitCallOptions {
 }
 
 export interface FailOptions extends PermitCallOptions {
-  /** Give back what the permit consumed (its `every` start, its token), so a retry may start at once. Default: the throttle's refundOnFailure. */
+  /** Give back what the permit consumed (its `every` start, its tokens), so a retry may start at once. Default: the throttle's refundOnFailure. */
   refund?: boolean;
+  /**
+   * Hold the permit's keys this long (a downstream 429's Retry-After: '30s', or milliseconds):
+   * every acquire on them is refused with reason 'paused' (or waits) until then.
+   */
+  retryAfter?: string | number;
+}
+
+/** One limit a permit holds: `cost` units of throttle `name` for `key`. */
+export interface PermitItem {
+  name: string;
+  key: string;
+  cost: number;
 }
 
 /** A refused acquire. */
@@ -33,6 +45,8 @@ export interface Refusal {
   retryAfterMs: number;
   /** The policy that waits longest. For 'concurrency', a poll hint (see README). */
   reason: ThrottlePolicy;
+  /** The limit that waits longest (acquireAll: which of the items), or null when it is the line. */
+  limit: { name: string; key: string } | null;
 }
 
 /** What Permit's methods call; implemented by Throttles. */
@@ -60,6 +74,8 @@ export class Permit {
     /** The database's clock at the grant. */
     readonly acquiredAt: Date,
     expiresAt: Date,
+    /** Every limit the permit holds (acquireAll: one per item); name and key are the first's. */
+    readonly items: readonly PermitItem[],
   ) {
     this.#expiresAt = expiresAt;
   }
@@ -76,7 +92,8 @@ export class Permit {
 
   /**
    * Ends the permit as failed, recording `error` (an Error's message, or a text). With
-   * `refund` (default: the throttle's refundOnFailure) the start is given back.
+   * `refund` (default: the throttle's refundOnFailure) the start is given back; with
+   * `retryAfter` its keys are held until then.
    */
   fail(error?: unknown, options: FailOptions = {}): Promise<PermitEnd> {
     return this.calls.fail(this.id, { ...options, error });
@@ -98,6 +115,7 @@ export class Permit {
       holder: this.holder,
       acquiredAt: this.acquiredAt,
       expiresAt: this.#expiresAt,
+      items: this.items,
     };
   }
 }

@@ -13,24 +13,36 @@ export function throttlePlans(schema: string) {
     get: `SELECT ${columns} FROM ${s}.throttles WHERE name = $1`,
     list: `SELECT ${columns} FROM ${s}.throttles ORDER BY name`,
     remove: `SELECT ${s}.remove_throttle($1) AS removed`,
-    /** The one decision: granted with a permit, or refused with how long to wait. */
-    acquire: `SELECT granted, permit_id, holder, acquired_at, expires_at, retry_after_ms, reason FROM ${s}.try_acquire($1, $2, $3)`,
+    /**
+     * One request of several items (throttle, key, cost), all granted with one permit or
+     * none: refused with how long to wait, why, and which limit waits longest.
+     */
+    acquire: `SELECT granted, permit_id, holder, acquired_at, expires_at, retry_after_ms, reason, limit_name, limit_key
+      FROM ${s}.acquire_all(array_fill(1, ARRAY[cardinality($1::text[])]), $1::text[], $2::text[], $3::integer[],
+                            array_fill($4::text, ARRAY[cardinality($1::text[])]))`,
     complete: `SELECT id, name, key, outcome, ended_at, refunded FROM ${s}.complete_permit($1)`,
     /**
      * Standalone completions and decisions, coalesced: one round trip and one commit for all.
      * Unanswered completions are served by `complete` (which says why).
      */
-    batch: `SELECT request, permit_id, granted, holder, acquired_at, expires_at, retry_after_ms, reason, name, key, ended_at
-      FROM ${s}.throttle_batch($1::uuid[], $2::text[], $3::text[], $4::text[])`,
-    fail: `SELECT id, name, key, outcome, ended_at, refunded FROM ${s}.fail_permit($1, $2, $3)`,
+    batch: `SELECT request, permit_id, granted, holder, acquired_at, expires_at, retry_after_ms, reason, limit_name,
+             limit_key, name, key, ended_at
+      FROM ${s}.throttle_batch($1::uuid[], $2::integer[], $3::text[], $4::text[], $5::integer[], $6::text[])`,
+    fail: `SELECT id, name, key, outcome, ended_at, refunded FROM ${s}.fail_permit($1, $2, $3, $4)`,
     extend: `SELECT ${s}.extend_permit($1) AS expires_at`,
-    /** A key's last start and end, and its live permits, at one clock reading. */
-    state: `SELECT st.*, (
-        SELECT coalesce(json_agg(json_build_object('id', p.id, 'holder', p.holder,
-                 'acquired_at', p.acquired_at, 'expires_at', p.expires_at) ORDER BY p.acquired_at, p.id), '[]')
-          FROM ${s}.permits AS p JOIN ${s}.throttles AS d ON d.name = p.name AND d.incarnation = p.incarnation
-         WHERE p.name = $1 AND p.key = $2 AND p.ended_at IS NULL AND p.expires_at > st.observed_at) AS permits
-      FROM ${s}.throttle_status($1, $2) AS st`,
+    /** A key's last start and end, its own limits and pause, its line and live permits, at one clock reading. */
+    state: `SELECT * FROM ${s}.throttle_key_state($1, $2)`,
+    /** The keys of a throttle, the most recently active first, each as `state` reads it. */
+    keys: `SELECT st.* FROM ${s}.throttle_keys($1, $2) AS k (key) CROSS JOIN LATERAL ${s}.throttle_key_state($1, k.key) AS st`,
+    setKeyLimits: `SELECT every_ms, rate_limit, per_ms, concurrency FROM ${s}.set_key_limits($1, $2, $3, $4, $5, $6)`,
+    /** Until $3 (a time), or for $4 ms from the database's clock; both null: resumed. */
+    pause: `SELECT ${s}.pause_throttle($1, $2, coalesce(clock_timestamp() + $4::bigint * interval '1 millisecond', $3::timestamptz)) AS changed`,
+    /** Waiting in line (see 0010): enqueue or renew, serve the lines, answer. */
+    wait: `SELECT granted, permit_id, holder, acquired_at, expires_at, retry_after_ms, reason, limit_name, limit_key, next_ms
+      FROM ${s}.throttle_wait($1, $2::text[], $3::text[], $4::integer[], $5, $6)`,
+    leave: `SELECT permit_id, holder, acquired_at, expires_at FROM ${s}.throttle_leave($1)`,
+    keepWaiting: `SELECT waiter, served FROM ${s}.throttle_keep_waiting($1::uuid[], $2)`,
+    channel: `ordo_throttles.${schema}`,
     /** Live permits of every throttle, or of one. */
     running: `SELECT p.id, p.name, p.key, p.holder, p.acquired_at, p.expires_at
       FROM ${s}.permits AS p JOIN ${s}.throttles AS d ON d.name = p.name AND d.incarnation = p.incarnation

@@ -1,18 +1,33 @@
 import { hostname } from 'node:os';
 import type pg from 'pg';
+import { Batcher, statementSlots } from '../db/batcher.js';
 import type { InFlight } from '../db/in-flight.js';
+import type { Notifications } from '../db/notifications.js';
 import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
+import { durationOption } from '../durations.js';
 import { OrdoError } from '../errors.js';
-import { boolean, describe, identifier, invalid, knownKeys, plainObject, text } from '../validate.js';
 import {
+  boolean,
+  describe,
+  identifier,
+  invalid,
+  knownKeys,
+  plainObject,
+  safeInteger,
+  text,
+} from '../validate.js';
+import {
+  MAX_DURATION_MS,
+  MAX_LIMIT,
+  REFUSAL_REASONS,
   type DefineThrottleOptions,
   type ThrottleDefinition,
   type ThrottlePolicy,
   toThrottleDefinition,
   validateThrottle,
 } from './definitions.js';
-import { Batcher } from './batcher.js';
 import { LeaseKeeper } from './lease-keeper.js';
+import { type Decision, type Item, WaitingLine, waitingWithTx } from './line.js';
 import {
   type AcquireResult,
   errorText,
@@ -25,21 +40,78 @@ import {
 } from './permit.js';
 import { type ThrottlePlans, throttlePlans } from './plans.js';
 
-export interface AcquireOptions {
+export interface AcquireOptions extends AcquireAllOptions {
   /** Limits apply per key (a tenant, a user, a task id); default ''. At most 200 characters. */
   key?: string;
+  /** Units this start takes: tokens of a bucket and slots of a concurrency limit (default 1). */
+  cost?: number;
+}
+
+/** One limit of acquireAll(): `cost` units (default 1) of throttle `name` for `key` (default ''). */
+export interface AcquireItem {
+  name: string;
+  key?: string;
+  cost?: number;
+}
+
+export interface AcquireAllOptions {
   /** Who holds the permit, shown by state() and `ordo status`; default `host:pid:nodeId`. */
   holder?: string;
   /**
-   * Decide inside this transaction: the grant (and the key's row lock) commits or rolls back
-   * with it. The key's decisions wait for that transaction to end: keep it short.
+   * Decide inside this transaction: the grant (and the keys' row locks) commits or rolls back
+   * with it. The keys' decisions wait for that transaction to end: keep it short.
    */
   tx?: Tx;
+  /**
+   * Wait in line up to this long ('30s', or milliseconds; at most 10 minutes) instead of being
+   * refused at once: first come first served among requests for the same limits, round-robin
+   * among requests that share a limit. Refused after it with the last reason. Not with tx.
+   */
+  wait?: string | number;
+  /**
+   * Aborting it ends the wait at once (the caller went away): the request leaves the line and
+   * is answered with its last refusal, or with the permit if it was granted meanwhile.
+   */
+  signal?: AbortSignal;
 }
 
 export interface RunOptions {
   key?: string;
   holder?: string;
+  cost?: number;
+  wait?: string | number;
+}
+
+/** A key's own limits (null: the throttle's), for tiers such as a premium tenant. */
+export interface KeyLimits {
+  every?: string | number | null;
+  limit?: number | null;
+  per?: string | number | null;
+  concurrency?: number | null;
+}
+
+/** The limits a key has: its own where set, else the throttle's. */
+export interface EffectiveLimits {
+  everyMs: number | null;
+  limit: number | null;
+  perMs: number | null;
+  concurrency: number | null;
+}
+
+export interface PauseOptions {
+  /** Pause one key; without it, the whole throttle. */
+  key?: string;
+  /** Until this time, or for this long ('30s', or milliseconds). */
+  until: Date | string | number;
+}
+
+/** What this client decided and ended, per throttle, since it started (for metrics). */
+export interface ThrottleCounters {
+  granted: number;
+  refused: Record<ThrottlePolicy, number>;
+  completed: number;
+  failed: number;
+  refunded: number;
 }
 
 export interface RunContext {
@@ -80,18 +152,35 @@ export interface ThrottleState {
   lastPermitId: string | null;
   /** Live permits, oldest first. */
   running: RunningPermit[];
+  /** The key's own limits (null where it has the throttle's); see setKeyLimits(). */
+  ownLimits: {
+    everyMs: number | null;
+    limit: number | null;
+    perMs: number | null;
+    concurrency: number | null;
+  };
+  /** Until when the key, or the whole throttle, is paused (the later of the two), or null. */
+  pausedUntil: Date | null;
+  /** Requests waiting in line for this key. */
+  waiting: number;
   /** The database's clock when this was read. */
   observedAt: Date;
 }
 
-const MAX_TEXT = 200;
+export const MAX_TEXT = 200;
 /** Most requests one coalesced statement serves. */
 const MAX_BATCH = 256;
+/** Most limits one request takes at once. */
+export const MAX_ITEMS = 16;
+/** The longest wait in line. */
+export const MAX_WAIT_MS = 10 * 60_000;
 
 /** A standalone call waiting for a shared statement. */
-type Job = { kind: 'acquire'; name: string; key: string; holder: string } | { kind: 'complete'; id: string };
-const ACQUIRE_KEYS = ['key', 'holder', 'tx'] as const;
-const RUN_KEYS = ['key', 'holder'] as const;
+type Job = { kind: 'acquire'; items: Item[]; holder: string } | { kind: 'complete'; id: string };
+const ACQUIRE_KEYS = ['key', 'cost', 'holder', 'tx', 'wait', 'signal'] as const;
+const ACQUIRE_ALL_KEYS = ['holder', 'tx', 'wait', 'signal'] as const;
+const RUN_KEYS = ['key', 'cost', 'holder', 'wait'] as const;
+const ISO_DATE = /^\d{4}-\d{2}-\d{2}/;
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /**
@@ -107,6 +196,8 @@ export class Throttles {
   private readonly runCalls: PermitCalls;
   /** Standalone acquires and completions, coalesced into shared statements. */
   private readonly shared: Batcher<Job, Record<string, any>>;
+  private readonly line: WaitingLine;
+  readonly #counters = new Map<string, ThrottleCounters>();
 
   /** @internal */
   constructor(
@@ -115,18 +206,20 @@ export class Throttles {
     private readonly ensureOpen: (withTx?: boolean) => void,
     private readonly inFlight: InFlight,
     nodeId: string,
+    notifications: Notifications,
   ) {
     this.plans = throttlePlans(schema);
-    // Two statements in flight: both cores of a small server busy, and big batches (on a hot
-    // key one lock and one commit serve a whole batch). More callers share them.
-    const poolSize = (pool as { options?: { max?: number } }).options?.max ?? 10;
-    const slots = Math.max(1, Math.min(2, Math.floor(poolSize / 2)));
-    this.shared = new Batcher(
-      (job) => this.serveOne(job),
-      (jobs) => this.serveMany(jobs),
-      slots,
-      MAX_BATCH,
+    this.line = new WaitingLine(pool, this.plans, notifications, (text, values) =>
+      this.query(this.pool, text, values),
     );
+    this.shared = new Batcher({
+      one: (job) => this.serveOne(job),
+      many: (jobs) => this.serveMany(jobs),
+      slots: statementSlots((pool as { options?: { max?: number } }).options?.max),
+      maxBatch: MAX_BATCH,
+      // A completion is its own key; a decision's is its first limit.
+      keyOf: (job) => (job.kind === 'complete' ? job.id : `${job.items[0]!.name}\u0000${job.items[0]!.key}`),
+    });
     this.defaultHolder = `${hostname()}:${process.pid}:${nodeId}`.slice(0, MAX_TEXT);
     // A permit from acquire() ends and extends through the public calls by id (refused once
     // close() has begun); one held by run() bypasses that check, since close() waits for run().
@@ -191,34 +284,87 @@ export class Throttles {
   }
 
   /**
-   * One decision on the database clock: a Permit, or a refusal with how long to wait.
-   * complete() or fail() the permit when the task ends; extend() it if the task may outlast
-   * the lease.
+   * One decision on the database clock: a Permit, or a refusal with how long to wait (with
+   * `wait`, after waiting in line that long at most). complete() or fail() the permit when
+   * the task ends; extend() it if the task may outlast the lease.
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<AcquireResult> {
     this.ensureOpen(options?.tx !== undefined);
-    return this.decide(name, options, this.calls);
-  }
-
-  private async decide(name: string, options: AcquireOptions, calls: PermitCalls): Promise<AcquireResult> {
     const o = plainObject('acquire options', options);
     knownKeys('throttles.acquire', o, ACQUIRE_KEYS);
-    const checkedName = identifier('name', name);
-    const key = text('key', o.key ?? '', 0, MAX_TEXT);
+    return this.decide(
+      [toItem({ name, key: o.key as string | undefined, cost: o.cost as number | undefined })],
+      o,
+      this.calls,
+    );
+  }
+
+  /**
+   * Several limits at once ("at most 50 calls in total, at most 5 per tenant"): granted only
+   * if every item grants, in one statement, with one permit whose complete / fail / extend
+   * apply to all of them. Refused, it names the limit that waits longest.
+   */
+  async acquireAll(items: AcquireItem[], options: AcquireAllOptions = {}): Promise<AcquireResult> {
+    this.ensureOpen(options?.tx !== undefined);
+    if (!Array.isArray(items) || items.length < 1 || items.length > MAX_ITEMS)
+      throw invalid(
+        `acquireAll takes 1 to ${MAX_ITEMS} items { name, key?, cost? } (got ${describe(items)})`,
+      );
+    const o = plainObject('acquireAll options', options);
+    knownKeys('throttles.acquireAll', o, ACQUIRE_ALL_KEYS);
+    const checked = items.map((item, i) => toItem(plainObject(`item ${i}`, item) as unknown as AcquireItem));
+    const seen = new Set<string>();
+    for (const i of checked) {
+      const id = JSON.stringify([i.name, i.key]);
+      if (seen.has(id)) throw invalid(`acquireAll names the throttle '${i.name}' with key '${i.key}' twice`);
+      seen.add(id);
+    }
+    return this.decide(checked, o, this.calls);
+  }
+
+  private async decide(
+    items: Item[],
+    o: Record<string, unknown>,
+    calls: PermitCalls,
+  ): Promise<AcquireResult> {
     const holder = text('holder', o.holder ?? this.defaultHolder, 1, MAX_TEXT);
-    const r =
-      o.tx === undefined
-        ? await this.inFlight.track(this.shared.submit({ kind: 'acquire', name: checkedName, key, holder }))
-        : (await this.query(asQueryable(o.tx), this.plans.acquire, [checkedName, key, holder])).rows[0]!;
-    if (!r.granted) return { granted: false, retryAfterMs: Number(r.retry_after_ms), reason: r.reason };
+    const waitMs = o.wait === undefined ? null : durationOption('wait', o.wait, 0, MAX_WAIT_MS);
+    if (waitMs !== null && o.tx !== undefined) throw waitingWithTx();
+    if (o.signal !== undefined && !(o.signal instanceof AbortSignal))
+      throw invalid('signal must be an AbortSignal');
+    const values = [items.map((i) => i.name), items.map((i) => i.key), items.map((i) => i.cost), holder];
+    const r: Decision =
+      o.tx !== undefined
+        ? (await this.query(asQueryable(o.tx as Tx), this.plans.acquire, values)).rows[0]!
+        : waitMs !== null && waitMs > 0
+          ? await this.inFlight.track(
+              this.line.wait(items, holder, waitMs, o.signal as AbortSignal | undefined),
+            )
+          : await this.inFlight.track(this.shared.submit({ kind: 'acquire', items, holder }));
+    const counters = this.countersOf(items[0]!.name);
+    if (!r.granted) {
+      const reason: ThrottlePolicy = r.reason;
+      counters.refused[reason]++;
+      return {
+        granted: false,
+        retryAfterMs: Number(r.retry_after_ms),
+        reason,
+        limit:
+          r.limit_name === null || r.limit_name === undefined
+            ? null
+            : { name: r.limit_name, key: r.limit_key },
+      };
+    }
+    counters.granted++;
     return new Permit(
       calls,
       r.permit_id,
-      checkedName,
-      key,
+      items[0]!.name,
+      items[0]!.key,
       r.holder,
       new Date(r.acquired_at),
       new Date(r.expires_at),
+      items,
     );
   }
 
@@ -253,19 +399,33 @@ export class Throttles {
       knownKeys('throttles.complete', o, ['tx']);
       const checked = permitId(id);
       if (o.tx === undefined) {
-        return toPermitEnd(await this.inFlight.track(this.shared.submit({ kind: 'complete', id: checked })));
+        return this.ended(
+          toPermitEnd(await this.inFlight.track(this.shared.submit({ kind: 'complete', id: checked }))),
+        );
       }
       const { rows } = await this.query(asQueryable(o.tx), this.plans.complete, [checked]);
-      return toPermitEnd(rows[0]);
+      return this.ended(toPermitEnd(rows[0]));
     }
-    knownKeys('throttles.fail', o, ['error', 'refund', 'tx']);
+    knownKeys('throttles.fail', o, ['error', 'refund', 'retryAfter', 'tx']);
     const refund = o.refund === undefined ? null : boolean('refund', o.refund);
+    const holdMs =
+      o.retryAfter === undefined ? null : durationOption('retryAfter', o.retryAfter, 1, MAX_DURATION_MS);
     const { rows } = await this.query(db(this.pool, o.tx), this.plans.fail, [
       permitId(id),
       errorText(o.error),
       refund,
+      holdMs,
     ]);
-    return toPermitEnd(rows[0]);
+    return this.ended(toPermitEnd(rows[0]));
+  }
+
+  /** Counts an end for metrics, and passes it on. */
+  private ended(end: PermitEnd): PermitEnd {
+    const c = this.countersOf(end.name);
+    if (end.outcome === 'completed') c.completed++;
+    else c.failed++;
+    if (end.refunded) c.refunded++;
+    return end;
   }
 
   private async renew(id: string, options: PermitCallOptions): Promise<Date> {
@@ -301,7 +461,11 @@ export class Throttles {
     fn: (context: RunContext) => T | Promise<T>,
     options: RunOptions,
   ): Promise<RunResult<T>> {
-    const got = await this.decide(name, options, this.runCalls);
+    const got = await this.decide(
+      [toItem({ name, key: options.key, cost: options.cost })],
+      options as Record<string, unknown>,
+      this.runCalls,
+    );
     if (!got.granted) return { ran: false, retryAfterMs: got.retryAfterMs, reason: got.reason };
     const keeper = new LeaseKeeper(got);
     this.keepers.add(keeper);
@@ -325,33 +489,118 @@ export class Throttles {
     return { ran: true, value };
   }
 
-  /** A key's last start, last end and outcome ("did the last FOO fail?"), and its live permits. */
+  /** A key's last start, last end and outcome ("did the last FOO fail?"), its own limits, pause, line and live permits. */
   async state(name: string, key = ''): Promise<ThrottleState> {
     this.ensureOpen();
-    const checkedName = identifier('name', name);
-    const checkedKey = text('key', key, 0, MAX_TEXT);
-    const { rows } = await this.query(this.pool, this.plans.state, [checkedName, checkedKey]);
-    const r = rows[0];
-    const date = (v: unknown) => (v === null || v === undefined ? null : new Date(v as string));
+    const { rows } = await this.query(this.pool, this.plans.state, [
+      identifier('name', name),
+      text('key', key, 0, MAX_TEXT),
+    ]);
+    return toThrottleState(rows[0]);
+  }
+
+  /** The keys of a throttle with a state, the most recently active first (at most `limit`, default 100). */
+  async keys(name: string, options: { limit?: number } = {}): Promise<ThrottleState[]> {
+    this.ensureOpen();
+    const o = plainObject('keys options', options);
+    knownKeys('throttles.keys', o, ['limit']);
+    const limit = o.limit === undefined ? 100 : safeInteger('limit', o.limit, 1, 10_000);
+    const { rows } = await this.query(this.pool, this.plans.keys, [identifier('name', name), limit]);
+    return rows.map(toThrottleState);
+  }
+
+  /**
+   * Gives one key its own limits (a premium tenant): each of every / limit / per / concurrency
+   * given replaces the throttle's for that key from its next decision on; null or absent keeps
+   * the throttle's. Returns the limits the key now has. removeKeyLimits() undoes it.
+   */
+  async setKeyLimits(name: string, key: string, limits: KeyLimits): Promise<EffectiveLimits> {
+    this.ensureOpen();
+    const o = plainObject('key limits', limits);
+    knownKeys('throttles.setKeyLimits', o, ['every', 'limit', 'per', 'concurrency']);
+    const ms = (what: string, v: unknown) =>
+      v === undefined || v === null ? null : durationOption(what, v, 1, MAX_DURATION_MS);
+    const n = (what: string, v: unknown) =>
+      v === undefined || v === null ? null : safeInteger(what, v, 1, MAX_LIMIT);
+    return this.keyLimits(name, key, [
+      ms('every', o.every),
+      n('limit', o.limit),
+      ms('per', o.per),
+      n('concurrency', o.concurrency),
+    ]);
+  }
+
+  /** The key has the throttle's limits again. Returns them. */
+  async removeKeyLimits(name: string, key: string): Promise<EffectiveLimits> {
+    this.ensureOpen();
+    return this.keyLimits(name, key, [null, null, null, null]);
+  }
+
+  private async keyLimits(name: string, key: string, values: (number | null)[]): Promise<EffectiveLimits> {
+    const { rows } = await this.query(this.pool, this.plans.setKeyLimits, [
+      identifier('name', name),
+      text('key', key, 0, MAX_TEXT),
+      ...values,
+    ]);
+    const r = rows[0]!;
     return {
-      name: checkedName,
-      key: checkedKey,
-      lastStartAt: date(r.last_start),
-      starts: Number(r.starts),
-      lastEndAt: date(r.last_end),
-      lastOutcome: r.last_outcome,
-      lastError: r.last_error,
-      lastPermitId: r.last_permit,
-      running: (r.permits as Record<string, string>[]).map((p) => ({
-        id: p.id!,
-        name: checkedName,
-        key: checkedKey,
-        holder: p.holder!,
-        acquiredAt: new Date(p.acquired_at!),
-        expiresAt: new Date(p.expires_at!),
-      })),
-      observedAt: new Date(r.observed_at),
+      everyMs: num(r.every_ms),
+      limit: num(r.rate_limit),
+      perMs: num(r.per_ms),
+      concurrency: num(r.concurrency),
     };
+  }
+
+  /**
+   * Holds a throttle, or one key of it, until a time: every acquire is refused with reason
+   * 'paused' (or waits) meanwhile. fail(error, { retryAfter }) does the same for a permit's keys.
+   */
+  async pause(name: string, options: PauseOptions): Promise<void> {
+    this.ensureOpen();
+    const o = plainObject('pause options', options);
+    knownKeys('throttles.pause', o, ['key', 'until']);
+    const until = o.until;
+    if (until instanceof Date) {
+      if (Number.isNaN(until.getTime())) throw invalid('until must be a valid Date');
+      return this.pausing(name, o.key, until, null);
+    }
+    // A text is an ISO 8601 time ('2026-12-01T00:00:00Z') or a duration ('30s').
+    if (typeof until === 'string' && ISO_DATE.test(until)) {
+      const at = new Date(until);
+      if (Number.isNaN(at.getTime())) throw invalid(`until is not a valid time: ${describe(until)}`);
+      return this.pausing(name, o.key, at, null);
+    }
+    return this.pausing(name, o.key, null, durationOption('until', until, 1, MAX_DURATION_MS));
+  }
+
+  /** Ends a pause of the throttle, or of one key. */
+  async resume(name: string, options: { key?: string } = {}): Promise<void> {
+    this.ensureOpen();
+    const o = plainObject('resume options', options);
+    knownKeys('throttles.resume', o, ['key']);
+    await this.pausing(name, o.key, null, null);
+  }
+
+  private async pausing(name: string, key: unknown, at: Date | null, forMs: number | null): Promise<void> {
+    const checkedKey = key === undefined ? null : text('key', key, 0, MAX_TEXT);
+    await this.query(this.pool, this.plans.pause, [identifier('name', name), checkedKey, at, forMs]);
+  }
+
+  /** What this client decided and ended, per throttle name (the first item's for acquireAll). */
+  get counters(): ReadonlyMap<string, ThrottleCounters> {
+    return this.#counters;
+  }
+
+  private countersOf(name: string): ThrottleCounters {
+    let c = this.#counters.get(name);
+    if (!c) {
+      const refused = Object.fromEntries(REFUSAL_REASONS.map((r) => [r, 0])) as Record<
+        ThrottlePolicy,
+        number
+      >;
+      this.#counters.set(name, (c = { granted: 0, refused, completed: 0, failed: 0, refunded: 0 }));
+    }
+    return c;
   }
 
   /** Live permits of every throttle (or of one), by throttle, key and start. */
@@ -372,7 +621,9 @@ export class Throttles {
   /** One call on its own, when a shared statement failed or left it unanswered (it then reports its own error). */
   private async serveOne(job: Job): Promise<Record<string, any>> {
     if (job.kind === 'acquire') {
-      return (await this.query(this.pool, this.plans.acquire, [job.name, job.key, job.holder])).rows[0];
+      const { items, holder } = job;
+      const values = [items.map((i) => i.name), items.map((i) => i.key), items.map((i) => i.cost), holder];
+      return (await this.query(this.pool, this.plans.acquire, values)).rows[0];
     }
     return (await this.query(this.pool, this.plans.complete, [job.id])).rows[0];
   }
@@ -381,17 +632,26 @@ export class Throttles {
   private async serveMany(jobs: Job[]): Promise<(Record<string, any> | undefined)[]> {
     const ids: string[] = [];
     const decide: number[] = [];
+    const req: number[] = [];
+    const names: string[] = [];
+    const keys: string[] = [];
+    const costs: number[] = [];
+    const holders: string[] = [];
     for (const [i, job] of jobs.entries()) {
-      if (job.kind === 'complete') ids.push(job.id);
-      else decide.push(i);
+      if (job.kind === 'complete') {
+        ids.push(job.id);
+        continue;
+      }
+      decide.push(i);
+      for (const item of job.items) {
+        req.push(decide.length);
+        names.push(item.name);
+        keys.push(item.key);
+        costs.push(item.cost);
+        holders.push(job.holder);
+      }
     }
-    const acquires = decide.map((i) => jobs[i] as Extract<Job, { kind: 'acquire' }>);
-    const { rows } = await this.query(this.pool, this.plans.batch, [
-      ids,
-      acquires.map((a) => a.name),
-      acquires.map((a) => a.key),
-      acquires.map((a) => a.holder),
-    ]);
+    const { rows } = await this.query(this.pool, this.plans.batch, [ids, req, names, keys, costs, holders]);
     const answers: (Record<string, any> | undefined)[] = jobs.map(() => undefined);
     const ended = new Map<string, Record<string, any>>();
     for (const r of rows) {
@@ -412,6 +672,7 @@ export class Throttles {
 
   /** Stops what runs in the background (lease renewals of run()); called by Ordo.close(). */
   async close(): Promise<void> {
+    await this.line.close();
     await Promise.all([...this.keepers].map((k) => this.stopKeeper(k)));
   }
 
@@ -449,5 +710,47 @@ function toPermitEnd(row: Record<string, any>): PermitEnd {
     outcome: row.outcome,
     endedAt: new Date(row.ended_at),
     refunded: row.refunded,
+  };
+}
+
+function toItem(input: AcquireItem): Item {
+  return {
+    name: identifier('name', input.name),
+    key: text('key', input.key ?? '', 0, MAX_TEXT),
+    cost: input.cost === undefined ? 1 : safeInteger('cost', input.cost, 1, MAX_LIMIT),
+  };
+}
+
+const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+const date = (v: unknown) => (v === null || v === undefined ? null : new Date(v as string));
+
+function toThrottleState(r: Record<string, any>): ThrottleState {
+  const paused = [date(r.paused_until), date(r.throttle_paused_until)].filter((d): d is Date => d !== null);
+  return {
+    name: r.name,
+    key: r.key,
+    lastStartAt: date(r.last_start),
+    starts: Number(r.starts),
+    lastEndAt: date(r.last_end),
+    lastOutcome: r.last_outcome,
+    lastError: r.last_error,
+    lastPermitId: r.last_permit,
+    running: (r.permits as Record<string, string>[]).map((p) => ({
+      id: p.id!,
+      name: r.name,
+      key: r.key,
+      holder: p.holder!,
+      acquiredAt: new Date(p.acquired_at!),
+      expiresAt: new Date(p.expires_at!),
+    })),
+    ownLimits: {
+      everyMs: num(r.own_every_ms),
+      limit: num(r.own_rate_limit),
+      perMs: num(r.own_per_ms),
+      concurrency: num(r.own_concurrency),
+    },
+    pausedUntil: paused.length === 0 ? null : new Date(Math.max(...paused.map((d) => d.getTime()))),
+    waiting: Number(r.waiting),
+    observedAt: new Date(r.observed_at),
   };
 }

@@ -1,7 +1,7 @@
 // Child process consuming an outbox subscription, for the chaos test (a process killed with
 // SIGKILL mid-batch). Usage:
 //
-//   outbox-consumer.ts <databaseUrl> <subscription> <topic> <lease> <batchSize> <delayMs> <label>
+//   outbox-consumer.ts <databaseUrl> <subscription> <topic> <lease> <batchSize> <delayMs> <label> [partitions]
 //
 // Prints `ready` once connected, then waits for `go` on stdin before subscribing. Each batch is
 // written to the table `received (position, transaction_id, consumer)` through the handler's
@@ -13,7 +13,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { createOrdo } from '../../src/index.js';
 
-const [url, name, topic, lease, batchArg, delayArg, label] = process.argv.slice(2);
+const [url, name, topic, lease, batchArg, delayArg, label, partitions] = process.argv.slice(2);
 const delayMs = Number(delayArg ?? 0);
 
 const ordo = await createOrdo({ databaseUrl: url!, poolSize: 4 });
@@ -50,6 +50,7 @@ const subscription = await ordo.outbox.subscribe({
   topic: topic!,
   lease: lease!,
   batchSize: Number(batchArg),
+  partitions: Number(partitions ?? 1),
   pollInterval: '100ms',
   onError: (e) => process.stdout.write(`error ${e.code} ${e.message.replace(/\n/g, ' ')}\n`),
   handler: async (messages, { tx }) => {

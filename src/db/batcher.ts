@@ -1,0 +1,174 @@
+import { wroteNothing } from '../errors.js';
+
+/**
+ * Standalone calls share statements: the one batching mechanism of ordo (gapless numbers,
+ * throttle decisions and permit ends). Its rules:
+ *
+ * - A call goes out at once while fewer than `slots` statements run; otherwise it queues, and
+ *   the next statement serves every queued call at once, in arrival order, up to `maxBatch`
+ *   units (`units(call)`, 1 by default; always at least one call). One statement, one commit
+ *   and one round trip then serve many callers: on a hot row, one lock and one WAL flush.
+ * - `many` answers call i with result i, or with undefined to have that call served alone.
+ * - When `many` fails for several calls (one bad call, a row held by a caller's transaction past
+ *   the statement's short lock wait, BATCH_LOCK_WAIT_MS), every call is served alone by `one`, so
+ *   each caller gets its own answer: calls of one key (`keyOf`) one after another in arrival
+ *   order (what is left of an exhausted sequence goes to the first callers), calls of
+ *   different keys at once (a key held by a transaction holds up only its own calls). Calls
+ *   served alone do not count against `slots`.
+ * - Only when the failure proves the statement wrote nothing: after a lost connection or a
+ *   client-side timeout it may have committed, and serving its calls again would take numbers
+ *   or permits twice; every caller then gets that error, as a lone caller would.
+ */
+export class Batcher<Call, Result> {
+  private queue: Waiting<Call, Result>[] = [];
+  private queuedUnits = 0;
+  private inFlight = 0;
+  private scheduled = false;
+  private readonly running = new Set<Promise<void>>();
+
+  constructor(private readonly options: BatcherOptions<Call, Result>) {}
+
+  submit(call: Call): Promise<Result> {
+    return new Promise<Result>((resolve, reject) => {
+      this.queue.push({ call, resolve, reject });
+      this.queuedUnits += this.units(call);
+      this.schedule();
+    });
+  }
+
+  /** Resolves when every call submitted so far has been answered. */
+  async idle(): Promise<void> {
+    while (this.running.size > 0 || this.queue.length > 0) {
+      if (this.running.size === 0) await Promise.resolve();
+      else await Promise.all(this.running);
+    }
+  }
+
+  private units(call: Call): number {
+    return this.options.units?.(call) ?? 1;
+  }
+
+  /** Calls made in the same tick go out together: dispatch after the current microtasks. */
+  private schedule(): void {
+    if (this.scheduled || this.inFlight >= this.options.slots || this.queue.length === 0) return;
+    this.scheduled = true;
+    queueMicrotask(() => {
+      this.scheduled = false;
+      this.dispatch();
+    });
+  }
+
+  private dispatch(): void {
+    if (this.queue.length === 0 || this.inFlight >= this.options.slots) return;
+    // As much as one statement takes: on a hot row one lock and one commit serve it all.
+    let taken = 0;
+    let units = 0;
+    while (taken < this.queue.length) {
+      const next = this.units(this.queue[taken]!.call);
+      if (taken > 0 && units + next > this.options.maxBatch) break;
+      units += next;
+      taken++;
+    }
+    const batch = this.queue.splice(0, taken);
+    this.queuedUnits -= units;
+    this.track(this.serve(batch), true);
+    this.schedule();
+  }
+
+  private track(work: Promise<void>, counted: boolean): void {
+    if (counted) this.inFlight++;
+    const done = work.finally(() => {
+      this.running.delete(done);
+      if (counted) {
+        this.inFlight--;
+        this.schedule();
+      }
+    });
+    this.running.add(done);
+  }
+
+  private async serve(batch: Waiting<Call, Result>[]): Promise<void> {
+    let results: (Result | undefined)[];
+    try {
+      results = await this.options.many(batch.map((w) => w.call));
+    } catch (error) {
+      // A call that was alone already has its own answer; so has every call of a statement
+      // whose outcome is unknown.
+      if (batch.length === 1 || !wroteNothing(error)) {
+        for (const w of batch) w.reject(error);
+        return;
+      }
+      return this.alone(batch);
+    }
+    const left: Waiting<Call, Result>[] = [];
+    for (const [i, w] of batch.entries()) {
+      const result = results[i];
+      if (result === undefined) left.push(w);
+      else w.resolve(result);
+    }
+    if (left.length > 0) await this.alone(left);
+  }
+
+  /** Each call on its own statement: in order within a key, keys side by side, outside `slots`. */
+  private async alone(calls: Waiting<Call, Result>[]): Promise<void> {
+    const byKey = new Map<string, Waiting<Call, Result>[]>();
+    for (const w of calls) {
+      const key = this.options.keyOf(w.call);
+      const same = byKey.get(key);
+      if (same) same.push(w);
+      else byKey.set(key, [w]);
+    }
+    const lanes = [...byKey.values()].map(async (lane) => {
+      for (const w of lane) {
+        try {
+          w.resolve(await this.options.one(w.call));
+        } catch (error) {
+          w.reject(error);
+        }
+      }
+    });
+    // Not waited for by the statement that failed: its slot is free for the next batch.
+    this.track(
+      Promise.all(lanes).then(() => undefined),
+      false,
+    );
+  }
+}
+
+export interface BatcherOptions<Call, Result> {
+  /** Serves one call alone (it then reports its own error). */
+  one: (call: Call) => Promise<Result>;
+  /** Serves many calls in one statement; result i answers call i (undefined: serve it alone). */
+  many: (calls: Call[]) => Promise<(Result | undefined)[]>;
+  /** Statements in flight at most (see statementSlots). */
+  slots: number;
+  /** Units one statement serves at most (a single call may ask for more). */
+  maxBatch: number;
+  /** What a call weighs against maxBatch (default 1). */
+  units?: (call: Call) => number;
+  /** Calls of one key are served alone in arrival order. */
+  keyOf: (call: Call) => string;
+}
+
+/**
+ * How long a shared statement waits for a row lock before it gives way (fails, and its calls
+ * are served alone): long enough for a standalone statement's own commit, short enough that a
+ * caller's transaction holding one row does not hold up the whole batch. Every batch
+ * statement sets it (take_many, throttle_batch).
+ */
+export const BATCH_LOCK_WAIT_MS = 50;
+
+/**
+ * Shared statements in flight for a pool of `poolSize`: two keep both cores of a small server
+ * busy and batches big (on a hot key one lock and one commit serve a whole batch), and leave
+ * half the pool to everything else.
+ */
+export function statementSlots(poolSize: number | undefined): number {
+  return Math.max(1, Math.min(2, Math.floor((poolSize ?? 10) / 2)));
+}
+
+interface Waiting<Call, Result> {
+  call: Call;
+  resolve(result: Result): void;
+  reject(error: unknown): void;
+}

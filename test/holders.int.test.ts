@@ -1,0 +1,154 @@
+import { spawnSync } from 'node:child_process';
+import { setTimeout as sleep } from 'node:timers/promises';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
+import { buildServer } from '../src/server/app.js';
+import { freshDatabase, type TestDatabase } from './support/database.js';
+
+let db: TestDatabase;
+let ordo: Ordo;
+const clients: pg.Client[] = [];
+
+beforeAll(async () => {
+  db = await freshDatabase();
+  ordo = await createOrdo({ databaseUrl: db.url, poolSize: 4 });
+});
+afterAll(async () => {
+  await Promise.all(clients.map((c) => c.end().catch(() => undefined)));
+  await ordo?.close();
+  await db?.drop();
+});
+
+/** A connection of its own, named as an application would name it. */
+async function connection(applicationName: string): Promise<pg.Client> {
+  const client = new pg.Client({ connectionString: db.url, application_name: applicationName });
+  client.on('error', () => undefined);
+  await client.connect();
+  clients.push(client);
+  return client;
+}
+
+async function until<T>(probe: () => Promise<T>, done: (value: T) => boolean): Promise<T> {
+  for (let i = 0; ; i++) {
+    const value = await probe();
+    if (done(value) || i > 250) return value;
+    await sleep(20);
+  }
+}
+
+function cli(...args: string[]) {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', 'test/support/ordo-cli.ts', ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, DATABASE_URL: db.url, ORDO_DATABASE_URL: '' },
+  });
+  return { code: r.status, out: r.stdout, err: r.stderr };
+}
+
+describe('holders() names the transaction holding a counter', () => {
+  it('a transaction left idle, with three waiting behind it, through the library, HTTP and ordo status', async () => {
+    await ordo.sequences.define({ name: 'h_invoice', reset: 'year', timeZone: 'Europe/Paris' });
+    // The counter exists: a counter created by an open transaction is invisible to others.
+    await ordo.sequences.next('h_invoice', { scope: 'acme' });
+    expect(await ordo.sequences.holders('h_invoice')).toEqual([]);
+
+    const forgotten = await connection('forgotten-job');
+    await forgotten.query('BEGIN');
+    const taken = await ordo.sequences.next('h_invoice', { scope: 'acme', tx: forgotten });
+    expect(taken.value).toBe(2);
+    const pid = (await forgotten.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+
+    const waiters = await Promise.all(['w1', 'w2', 'w3'].map((n) => connection(n)));
+    const waiting = waiters.map(async (w) => {
+      await w.query('BEGIN');
+      const issued = await ordo.sequences.next('h_invoice', { scope: 'acme', tx: w });
+      await w.query('COMMIT');
+      return issued.value;
+    });
+    const held = await until(
+      () => ordo.sequences.holders('h_invoice'),
+      (h) => h[0]?.waiting === 3,
+    );
+    expect(held).toEqual([
+      {
+        sequence: 'h_invoice',
+        scope: 'acme',
+        period: `${new Date().getUTCFullYear()}-01-01`,
+        pid,
+        preparedGid: null,
+        openForMs: expect.any(Number),
+        state: 'idle in transaction',
+        applicationName: 'forgotten-job',
+        waiting: 3,
+      },
+    ]);
+    await sleep(50);
+    expect((await ordo.sequences.holders('h_invoice'))[0]!.openForMs).toBeGreaterThanOrEqual(50);
+    // Every sequence at once: the same holder.
+    expect((await ordo.sequences.holders()).map((h) => h.pid)).toEqual([pid]);
+
+    const app = await buildServer(ordo);
+    try {
+      const reply = await app.inject({ method: 'GET', url: '/v1/sequences/h_invoice/holders' });
+      expect(reply.statusCode).toBe(200);
+      expect(reply.json()).toMatchObject([{ pid, state: 'idle in transaction', waiting: 3 }]);
+      const missing = await app.inject({ method: 'GET', url: '/v1/sequences/h_nowhere/holders' });
+      expect(missing.statusCode).toBe(404);
+      expect(missing.json()).toMatchObject({ code: 'sequence_not_found' });
+    } finally {
+      await app.close();
+    }
+
+    const status = cli('status', '--json');
+    expect(status.code, status.err).toBe(0);
+    expect(JSON.parse(status.out).holders).toMatchObject([
+      { sequence: 'h_invoice', scope: 'acme', pid, applicationName: 'forgotten-job', waiting: 3 },
+    ]);
+    const text = cli('status');
+    expect(text.out).toContain('counters held by open transactions');
+    expect(text.out).toContain(`pid ${pid} (forgotten-job), idle in transaction`);
+
+    await forgotten.query('COMMIT');
+    expect((await Promise.all(waiting)).sort()).toEqual([3, 4, 5]);
+    expect(await ordo.sequences.holders('h_invoice')).toEqual([]);
+  });
+
+  it('names a number taken in a savepoint, and forgets a rolled-back holder', async () => {
+    await ordo.sequences.define({ name: 'h_savepoint' });
+    await ordo.sequences.next('h_savepoint');
+    const c = await connection('savepointer');
+    await c.query('BEGIN');
+    await c.query('SAVEPOINT s');
+    await ordo.sequences.next('h_savepoint', { tx: c });
+    const pid = (await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+    expect(await ordo.sequences.holders('h_savepoint')).toMatchObject([
+      { scope: '', period: null, pid, waiting: 0 },
+    ]);
+    await c.query('ROLLBACK TO SAVEPOINT s');
+    expect(await ordo.sequences.holders('h_savepoint')).toEqual([]);
+    await c.query('ROLLBACK');
+    expect((await ordo.sequences.next('h_savepoint')).value).toBe(2);
+  });
+
+  it('numbers assigned at commit leave no holder while the business transaction is open', async () => {
+    await ordo.sequences.define({ name: 'h_commit' });
+    const c = await connection('at-commit');
+    await c.query('CREATE TABLE h_docs (number bigint)');
+    await ordo.sequences.attach('h_commit', { table: 'h_docs', column: 'number' });
+    await c.query('BEGIN');
+    await c.query('INSERT INTO h_docs DEFAULT VALUES');
+    expect(await ordo.sequences.holders('h_commit')).toEqual([]);
+    await c.query('COMMIT');
+    expect((await c.query('SELECT number FROM h_docs')).rows).toEqual([{ number: '1' }]);
+  });
+
+  it('refuses an unknown sequence and a bad name', async () => {
+    const e = await ordo.sequences.holders('h_nowhere').catch((x: unknown) => x);
+    expect(e).toBeInstanceOf(OrdoError);
+    expect(e).toMatchObject({
+      code: 'sequence_not_found',
+      message: "The sequence 'h_nowhere' does not exist",
+    });
+    await expect(ordo.sequences.holders('no such')).rejects.toMatchObject({ code: 'invalid_argument' });
+  });
+});

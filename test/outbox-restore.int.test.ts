@@ -1,0 +1,170 @@
+// The outbox across a dump and restore into a new cluster, and across the upgrade from the
+// schema of 0003 (issue #12). Transaction ids of a new cluster start low again: a message
+// appended there has an id below everything the subscription has seen, and messages restored
+// from the old cluster carry ids that mean nothing there. Subscriptions must go on: none
+// skipped, none twice. Two PostgreSQL servers of this file's own (Debian's binaries, so that
+// Debian's pg_dump matches them).
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrdo, type Ordo } from '../src/index.js';
+import { loadMigrations, quoteIdent } from '../src/db/migrations.js';
+import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
+
+const run = promisify(execFile);
+let old: RestartablePostgres;
+let restored: RestartablePostgres;
+const opened: Ordo[] = [];
+
+beforeAll(async () => {
+  [old, restored] = await Promise.all([restartablePostgres(), restartablePostgres()]);
+}, 120_000);
+afterAll(async () => {
+  await Promise.all(opened.map((o) => o.close().catch(() => undefined)));
+  await Promise.all([old?.cleanup(), restored?.cleanup()]);
+});
+
+async function ordoOn(url: string, schema = 'ordo'): Promise<Ordo> {
+  const o = await createOrdo({ databaseUrl: url, schema });
+  opened.push(o);
+  return o;
+}
+
+/** Receives and acknowledges in batches of `max` until nothing comes; the labels, in order. */
+async function drain(o: Ordo, name: string, max = 3): Promise<string[]> {
+  const got: string[] = [];
+  for (;;) {
+    const batch = await o.outbox.receive<{ label: string }>(name, { max });
+    if (batch.receipt === null) return got;
+    got.push(...batch.messages.map((m) => m.data.label));
+    await o.outbox.ack(name, batch.receipt);
+  }
+}
+
+const labelled = (...labels: string[]) => labels.map((label) => ({ type: 'm', data: { label } }));
+
+async function sql(url: string, text: string, values: unknown[] = []): Promise<pg.QueryResult> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    return await c.query(text, values);
+  } finally {
+    await c.end();
+  }
+}
+
+describe('dump and restore into a new cluster', () => {
+  it('a subscription in the middle of a round goes on in the new cluster: the rest of the round, what committed after it, what is appended there; none twice', async () => {
+    const a = await ordoOn(old.url);
+    // The old cluster is far ahead in transaction ids, as a cluster in production is.
+    await sql(
+      old.url,
+      `DO $$ BEGIN FOR i IN 1..3000 LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$`,
+    );
+    await a.outbox.createSubscription({ name: 'projector', topic: 'orders' });
+    await a.outbox.append('orders', labelled('o1', 'o2', 'o3', 'o4', 'o5'));
+    // Two batches of a round of five: the round is left half done.
+    const first = await a.outbox.receive<{ label: string }>('projector', { max: 2 });
+    await a.outbox.ack('projector', first.receipt!);
+    const second = await a.outbox.receive<{ label: string }>('projector', { max: 1 });
+    await a.outbox.ack('projector', second.receipt!);
+    expect([...first.messages, ...second.messages].map((m) => m.data.label)).toEqual(['o1', 'o2', 'o3']);
+    await a.outbox.append('orders', labelled('c1', 'c2'));
+    // An appender open during the dump: not in it, so never delivered.
+    const open = new pg.Client({ connectionString: old.url });
+    await open.connect();
+    await open.query('BEGIN');
+    await open.query(`SELECT ordo.append('orders', 'm', '{"label":"uncommitted"}')`);
+
+    const file = `${restored.dataDir}/../dump.sql`;
+    await run('/usr/bin/pg_dump', ['--no-owner', '-f', file, old.url]);
+    await open.query('ROLLBACK');
+    await open.end();
+    await run('/usr/bin/psql', ['-q', '-v', 'ON_ERROR_STOP=1', '-f', file, restored.url]);
+
+    const b = await ordoOn(restored.url);
+    const { rows } = await sql(
+      restored.url,
+      `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS here,
+              (SELECT max(transaction_id)::text::bigint FROM ordo.messages) AS restored`,
+    );
+    // The premise: ids of the new cluster are below those of the restored messages.
+    expect(Number(rows[0].here)).toBeLessThan(Number(rows[0].restored));
+    await b.outbox.append('orders', labelled('n1', 'n2'));
+    expect(await drain(b, 'projector')).toEqual(['o4', 'o5', 'c1', 'c2', 'n1', 'n2']);
+    await b.outbox.append('orders', labelled('n3'));
+    // A library consumer, the next rounds: new ids only.
+    const got: string[] = [];
+    const sub = await b.outbox.subscribe<{ label: string }>({
+      name: 'projector',
+      topic: 'orders',
+      handler: (ms) => void got.push(...ms.map((m) => m.data.label)),
+    });
+    await b.outbox.append('orders', labelled('n4'));
+    for (let i = 0; i < 200 && got.length < 2; i++) await new Promise((r) => setTimeout(r, 25));
+    await sub.stop();
+    expect(got).toEqual(['n3', 'n4']);
+    const lag = await b.outbox.lag('projector');
+    expect(lag).toMatchObject({ messagesBehind: 0, delivered: 11 });
+    // A subscription made in the new cluster, from the beginning, reads everything once.
+    await b.outbox.createSubscription({ name: 'late', topic: 'orders' });
+    expect((await drain(b, 'late', 100)).sort()).toEqual(
+      ['c1', 'c2', 'n1', 'n2', 'n3', 'n4', 'o1', 'o2', 'o3', 'o4', 'o5'].sort(),
+    );
+  });
+});
+
+describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
+  it('a subscription with a cursor of 0003 goes on after the migration: none lost, none twice, an open appender included', async () => {
+    const schema = 'upgraded';
+    const s = quoteIdent(schema);
+    // The schema as ordo 0.x left it: migrations 1 to 7, by hand.
+    const c = new pg.Client({ connectionString: old.url });
+    await c.connect();
+    try {
+      await c.query(`CREATE SCHEMA ${s}`);
+      await c.query(
+        `CREATE TABLE ${s}.migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
+      );
+      for (const m of loadMigrations().filter((m) => m.version <= 7)) {
+        await c.query(m.sql.replaceAll('{{schema}}', s).replaceAll('{{schema_name}}', schema));
+        await c.query(`INSERT INTO ${s}.migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
+      }
+      const append = (label: string, on: pg.Client = c) =>
+        on.query(`SELECT ${s}.append('t', 'm', jsonb_build_object('label', $1::text))`, [label]);
+      await c.query(`SELECT ${s}.create_subscription('sub', 't', 'beginning')`);
+      for (const l of ['a1', 'a2', 'a3', 'a4']) await append(l);
+      // The 0003 consumer: read two, checkpoint the second.
+      const { rows } = await c.query(
+        `SELECT transaction_id::text, position, data->>'label' AS label FROM ${s}.read_messages('t', '0', 0, 2)`,
+      );
+      expect(rows.map((r) => r.label)).toEqual(['a1', 'a2']);
+      await c.query(
+        `UPDATE ${s}.subscriptions SET last_transaction_id = $1::xid8, last_position = $2, delivered = 2`,
+        [rows[1].transaction_id, rows[1].position],
+      );
+      // Open across the upgrade: an older transaction appends before the migration, commits after.
+      const early = new pg.Client({ connectionString: old.url });
+      await early.connect();
+      await early.query('BEGIN');
+      await append('open', early);
+      await append('a5');
+
+      // The migration waits for appends in flight (its index takes a SHARE lock on messages).
+      const migrated = ordoOn(old.url, schema);
+      await new Promise((r) => setTimeout(r, 300));
+      await early.query('COMMIT');
+      await early.end();
+      const o = await migrated;
+      await o.outbox.append('t', labelled('b1'));
+      const first = await drain(o, 'sub', 2);
+      expect(first.sort()).toEqual(['a3', 'a4', 'a5', 'b1', 'open'].sort());
+      await o.outbox.append('t', labelled('b2'));
+      expect(await drain(o, 'sub')).toEqual(['b2']);
+      expect(await o.outbox.lag('sub')).toMatchObject({ messagesBehind: 0, delivered: 8 });
+    } finally {
+      await c.end();
+    }
+  });
+});
