@@ -8,6 +8,7 @@ import { createOrdo, type Ordo, type OutboxMessage } from '../src/index.js';
 import { parseTokens } from '../src/server/auth.js';
 import { buildServer } from '../src/server/app.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
+import { sample, sampleSum } from './support/prometheus.js';
 
 const READER = 'reader-token-0123456789';
 const ISSUER = 'issuer-token-0123456789';
@@ -335,21 +336,13 @@ describe('GET /metrics: the outbox after a known workload', () => {
       } else await call('POST', '/v1/subscriptions/metered/ack', ISSUER, { receipt: r.receipt });
     }
     const text = (await call('GET', '/metrics', READER)).body;
-    const value = (metric: string, labels: string) => {
-      const line = text.split('\n').find((l) => l.startsWith(`${metric}{${labels}}`));
-      return line === undefined ? undefined : Number(line.split(' ').at(-1));
-    };
-    const sum = (metric: string) =>
-      text
-        .split('\n')
-        .filter((l) => l.startsWith(`${metric}{subscription="metered"`))
-        .reduce((n, l) => n + Number(l.split(' ').at(-1)), 0);
-    expect(value('ordo_outbox_appended_total', 'topic="metered"')).toBe(4);
-    expect(sum('ordo_outbox_delivered_total')).toBe(3);
-    expect(sum('ordo_outbox_redelivered_total')).toBe(1);
-    expect(sum('ordo_outbox_lag_messages')).toBe(0);
-    expect(value('ordo_outbox_dead_lettered_total', 'subscription="metered"')).toBe(1);
-    expect(value('ordo_outbox_open_appenders', 'subscription="metered"')).toBe(0);
+    const metered = { subscription: 'metered' };
+    expect(sample(text, 'ordo_outbox_appended_total', { topic: 'metered' })).toBe(4);
+    expect(sampleSum(text, 'ordo_outbox_delivered_total', metered)).toBe(3);
+    expect(sampleSum(text, 'ordo_outbox_redelivered_total', metered)).toBe(1);
+    expect(sampleSum(text, 'ordo_outbox_lag_messages', metered)).toBe(0);
+    expect(sample(text, 'ordo_outbox_dead_lettered_total', metered)).toBe(1);
+    expect(sample(text, 'ordo_outbox_open_appenders', metered)).toBe(0);
     expect(text).toContain('ordo_outbox_delivered_total{subscription="metered",partition="1"}');
   });
 });

@@ -29,6 +29,32 @@ export function createMetrics(ordo: Ordo) {
     labelNames: ['code'],
     registers: [registry],
   });
+  sequenceMetrics(ordo, registry);
+  outboxMetrics(ordo, registry);
+  throttleMetrics(ordo, registry);
+  return { registry, requests, latency, issued, errors };
+}
+
+/**
+ * One read of the database per scrape, shared by every metric that needs it (a scrape collects
+ * all its metrics at once; the next scrape reads again).
+ */
+function perScrape<T>(read: () => Promise<T>): () => Promise<T> {
+  let pending: Promise<T> | undefined;
+  return () => {
+    pending ??= read().finally(() => setTimeout(() => (pending = undefined), 0));
+    return pending;
+  };
+}
+
+/** Sums `value` of `rows` by `label`, for a gauge or counter per name. */
+function sumBy<R>(rows: readonly R[], label: (r: R) => string, value: (r: R) => number): Map<string, number> {
+  const sums = new Map<string, number>();
+  for (const r of rows) sums.set(label(r), (sums.get(label(r)) ?? 0) + value(r));
+  return sums;
+}
+
+function sequenceMetrics(ordo: Ordo, registry: Registry): void {
   new Counter({
     name: 'ordo_range_reservations_total',
     help: 'Ranges of batched sequences reserved by this node, by sequence',
@@ -39,8 +65,118 @@ export function createMetrics(ordo: Ordo) {
       for (const [sequence, n] of ordo.sequences.reservations) this.inc({ sequence }, n);
     },
   });
-  outboxMetrics(ordo, registry);
-  return { registry, requests, latency, issued, errors };
+  const reservationLatency = new Histogram({
+    name: 'ordo_range_reservation_duration_seconds',
+    help: 'How long reserving a range of a batched sequence took on this node (the statement), by sequence',
+    labelNames: ['sequence'],
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
+    registers: [registry],
+  });
+  ordo.sequences.onReservation((sequence, ms) => reservationLatency.observe({ sequence }, ms / 1000));
+  // Gapless counters locked by open transactions (the in-transaction mode), read at each scrape.
+  const holders = perScrape(() => ordo.sequences.holders());
+  new Gauge({
+    name: 'ordo_gapless_counters_held',
+    help: 'Gapless counters locked by an open transaction, by sequence',
+    labelNames: ['sequence'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const [sequence, n] of sumBy(
+        await holders(),
+        (h) => h.sequence,
+        () => 1,
+      ))
+        this.set({ sequence }, n);
+    },
+  });
+  new Gauge({
+    name: 'ordo_gapless_lock_waiters',
+    help: 'Transactions waiting for a gapless counter another transaction holds, by sequence',
+    labelNames: ['sequence'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const [sequence, n] of sumBy(
+        await holders(),
+        (h) => h.sequence,
+        (h) => h.waiting,
+      ))
+        this.set({ sequence }, n);
+    },
+  });
+  new Gauge({
+    name: 'ordo_gapless_longest_hold_seconds',
+    help: 'How long the oldest transaction holding a gapless counter has been open, by sequence',
+    labelNames: ['sequence'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      const longest = new Map<string, number>();
+      for (const h of await holders())
+        longest.set(h.sequence, Math.max(longest.get(h.sequence) ?? 0, h.openForMs ?? 0));
+      for (const [sequence, ms] of longest) this.set({ sequence }, ms / 1000);
+    },
+  });
+}
+
+/**
+ * Throttles: what this server decided and ended (its own counters, as every process counts its
+ * own), and the running permits of every process, read from the database at each scrape.
+ */
+function throttleMetrics(ordo: Ordo, registry: Registry): void {
+  new Counter({
+    name: 'ordo_throttle_granted_total',
+    help: 'Starts granted through this server, by throttle',
+    labelNames: ['throttle'],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [throttle, c] of ordo.throttles.counters) this.inc({ throttle }, c.granted);
+    },
+  });
+  new Counter({
+    name: 'ordo_throttle_refused_total',
+    help: 'Starts refused through this server, by throttle and reason',
+    labelNames: ['throttle', 'reason'],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [throttle, c] of ordo.throttles.counters)
+        for (const [reason, n] of Object.entries(c.refused)) this.inc({ throttle, reason }, n);
+    },
+  });
+  new Counter({
+    name: 'ordo_throttle_ended_total',
+    help: 'Permits ended through this server, by throttle and outcome (completed, failed; refunded is the part of failed given back)',
+    labelNames: ['throttle', 'outcome'],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [throttle, c] of ordo.throttles.counters) {
+        this.inc({ throttle, outcome: 'completed' }, c.completed);
+        this.inc({ throttle, outcome: 'failed' }, c.failed);
+        this.inc({ throttle, outcome: 'refunded' }, c.refunded);
+      }
+    },
+  });
+  const running = perScrape(() => ordo.throttles.running());
+  new Gauge({
+    name: 'ordo_throttle_running_permits',
+    help: 'Live permits of every process, by throttle',
+    labelNames: ['throttle'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const t of await ordo.throttles.list()) this.set({ throttle: t.name }, 0);
+      for (const [throttle, n] of sumBy(
+        await running(),
+        (p) => p.name,
+        () => 1,
+      ))
+        this.set({ throttle }, n);
+    },
+  });
 }
 
 export type Metrics = ReturnType<typeof createMetrics>;
@@ -60,12 +196,7 @@ function outboxMetrics(ordo: Ordo, registry: Registry): void {
       for (const [topic, n] of ordo.outbox.appended) this.inc({ topic }, n);
     },
   });
-  // One read of every subscription per scrape, shared by the metrics below.
-  let scrape: Promise<SubscriptionLag[]> | undefined;
-  const lags = () => {
-    scrape ??= ordo.outbox.subscriptions().finally(() => setTimeout(() => (scrape = undefined), 0));
-    return scrape;
-  };
+  const lags: () => Promise<SubscriptionLag[]> = perScrape(() => ordo.outbox.subscriptions());
   /** A metric per subscription and partition, read from the database at each scrape. */
   const perPartition = (
     kind: 'counter' | 'gauge',
