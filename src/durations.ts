@@ -30,13 +30,16 @@ const MILLIS: readonly [string, number][] = [
 const PART = /(\d+)(ns|us|µs|μs|ms|s|m|h|d|w|y)/g;
 const DURATION = /^(?:\d+(?:ns|us|µs|μs|ms|s|m|h|d|w|y))+$/;
 
+/** The longest duration text read ('1y2w3d4h5m6s7ms8us9ns' is 21 characters). */
+export const MAX_DURATION_TEXT = 64;
+
 /**
  * Milliseconds in a SurrealDB duration such as `5s`, `100ms`, `1m30s`, `1y` or `500us`.
  * Parts are summed; a total that is not a whole number of milliseconds is rounded up, so
  * only zero reads as zero (`500us` → 1, `0ns` → 0).
  */
 export function parseDuration(text: string): number {
-  if (typeof text !== 'string' || !DURATION.test(text)) {
+  if (typeof text !== 'string' || text.length > MAX_DURATION_TEXT || !DURATION.test(text)) {
     throw invalid(
       `duration must be whole numbers each followed by a unit (y, w, d, h, m, s, ms, us, ns), such as 5s, 100ms or 1m30s (got ${describe(text)})`,
     );

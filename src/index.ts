@@ -10,7 +10,7 @@ export {
   type PostgresJsTransaction,
 } from './db/drivers.js';
 export type { Queryable, Tx } from './db/queryable.js';
-export { durationOption, formatDuration, parseDuration } from './durations.js';
+export { durationOption, formatDuration, MAX_DURATION_TEXT, parseDuration } from './durations.js';
 export { ERROR_CODES, OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoError } from './errors.js';
 export { createOrdo, type DatabaseInfo, Ordo } from './ordo.js';
 export type { Handler, HandlerContext, SubscriptionEnd } from './outbox/consumer.js';
@@ -64,7 +64,6 @@ export {
   Permit,
   type PermitCallOptions,
   type PermitEnd,
-  MAX_ERROR_LENGTH,
   type PermitItem,
   type PermitOutcome,
   type Refusal,
@@ -87,4 +86,4 @@ export {
   type ThrottleState,
   Throttles,
 } from './throttles/throttles.js';
-export { MAX_TEXT, MAX_TIME_ZONE_LENGTH, MAX_VALUE } from './validate.js';
+export { MAX_ERROR_LENGTH, MAX_TEXT, MAX_TIME_ZONE_LENGTH, MAX_VALUE } from './validate.js';

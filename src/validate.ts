@@ -9,6 +9,9 @@ export const MAX_VALUE = Number.MAX_SAFE_INTEGER;
  */
 export const MAX_TEXT = 200;
 
+/** The longest error text kept (a failed permit's, a nacked message's). */
+export const MAX_ERROR_LENGTH = 2000;
+
 /** The longest IANA time zone name accepted ('America/Argentina/ComodRivadavia' is 32). */
 export const MAX_TIME_ZONE_LENGTH = 64;
 

@@ -1,4 +1,5 @@
 import { spawnSync } from 'node:child_process';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
@@ -97,23 +98,58 @@ describe('ordo CLI', () => {
     await ordo.throttles.define({ name: 'FOO', every: '1m', concurrency: 1, lease: '10m' });
     const permit = await ordo.throttles.acquire('FOO', { key: 'tenant-1', holder: 'worker-7' });
     expect(permit.granted).toBe(true);
-    const json = cli('status', '--json');
-    expect(json.code).toBe(0);
-    const status = JSON.parse(json.out);
-    expect(status.subscriptions).toMatchObject([{ name: 'billing', topic: 'orders', messagesBehind: 1 }]);
-    expect(status.throttles).toMatchObject([{ name: 'FOO', everyMs: 60_000, concurrency: 1 }]);
-    expect(status.permits).toMatchObject([{ name: 'FOO', key: 'tenant-1', holder: 'worker-7' }]);
-    const text = cli('status');
-    expect(text.code).toBe(0);
-    for (const shown of [
-      'outbox subscriptions',
-      'billing',
-      'throttles',
-      '1m',
-      'running permits',
-      'worker-7',
-    ]) {
-      expect(text.out).toContain(shown);
+    // Keys of note: one with its own limits, one paused, one with a waiter in line.
+    await ordo.throttles.define({ name: 'BAR', concurrency: 1 });
+    await ordo.throttles.setKeyLimits('BAR', 'premium', { concurrency: 5 });
+    await ordo.throttles.pause('BAR', { key: 'upstream-429', until: '10m' });
+    await ordo.throttles.pause('FOO', { until: '10m' });
+    const busy = await ordo.throttles.acquire('BAR', { key: 'busy' });
+    expect(busy.granted).toBe(true);
+    const waiter = new AbortController();
+    const waiting = ordo.throttles
+      .acquire('BAR', { key: 'busy', wait: '1m', signal: waiter.signal })
+      .catch(() => null);
+    for (let i = 0; i < 200 && (await ordo.throttles.state('BAR', 'busy')).waiting === 0; i++)
+      await sleep(20);
+    try {
+      const json = cli('status', '--json');
+      expect(json.code).toBe(0);
+      const status = JSON.parse(json.out);
+      expect(status.subscriptions).toMatchObject([{ name: 'billing', topic: 'orders', messagesBehind: 1 }]);
+      expect(status.throttles).toMatchObject([
+        { name: 'BAR', pausedUntil: null },
+        { name: 'FOO', everyMs: 60_000, concurrency: 1, pausedUntil: expect.any(String) },
+      ]);
+      expect(status.permits).toMatchObject([
+        { name: 'BAR', key: 'busy' },
+        { name: 'FOO', key: 'tenant-1', holder: 'worker-7' },
+      ]);
+      const keyOf = (key: string) => status.keys.find((k: { name: string; key: string }) => k.key === key);
+      expect(keyOf('premium')).toMatchObject({ name: 'BAR', ownLimits: { concurrency: 5 } });
+      expect(keyOf('upstream-429')).toMatchObject({ name: 'BAR', pausedUntil: expect.any(String) });
+      expect(keyOf('busy')).toMatchObject({ name: 'BAR', waiting: 1 });
+      // A key with nothing of note is not listed.
+      expect(keyOf('tenant-1')?.name).not.toBe('BAR');
+      const text = cli('status');
+      expect(text.code).toBe(0);
+      for (const shown of [
+        'outbox subscriptions',
+        'billing',
+        'throttles',
+        '1m',
+        'paused until',
+        'throttle keys of note',
+        'premium',
+        'concurrency 5',
+        'upstream-429',
+        'running permits',
+        'worker-7',
+      ]) {
+        expect(text.out).toContain(shown);
+      }
+    } finally {
+      waiter.abort();
+      await waiting;
     }
   });
 

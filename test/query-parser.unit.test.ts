@@ -763,6 +763,8 @@ describe('durations', () => {
     '5sec',
     '9007199254740992ms',
     '300000y',
+    // Longer than MAX_DURATION_TEXT (64), though each part is valid.
+    '1s'.repeat(33),
   ])('parseDuration refuses %j', (text) => {
     expect(refusal(() => parseDuration(text)).message).toMatch(/^duration must be/);
   });

@@ -13,6 +13,7 @@ import {
   type LogEntry,
   type Ordo,
   OrdoError,
+  type ThrottleState,
 } from '../index.js';
 import { buildServer, parseTokens, readTokensFile, type Token } from '../server/app.js';
 
@@ -223,7 +224,7 @@ const COMMANDS: Record<string, Command> = {
   Shows the database in use and whether notifications arrive; lists the sequences with their current values per scope and period,
   the columns they number at commit, the open transactions holding their counters (and how many wait behind each), the outbox
   subscriptions with how far they are behind and any open transaction holding them back,
-  and the throttles with their running permits.`,
+  and the throttles with their running permits and their keys of note (own limits, paused, waiting in line, last failed).`,
     options: { json: { type: 'boolean' } },
     check: noArguments('status'),
     async run(ordo, _args, flags) {
@@ -233,12 +234,31 @@ const COMMANDS: Record<string, Command> = {
       const subscriptions = await ordo.outbox.subscriptions();
       const throttles = await ordo.throttles.list();
       const permits = await ordo.throttles.running();
+      const keys = (await Promise.all(throttles.map((t) => ordo.throttles.keys(t.name, { limit: 1000 }))))
+        .flat()
+        .filter(
+          (k) =>
+            k.pausedUntil !== null ||
+            k.waiting > 0 ||
+            k.lastOutcome === 'failed' ||
+            Object.values(k.ownLimits).some((v) => v !== null),
+        );
       const notifications = await ordo.notifications();
       const { database } = ordo;
       if (flags.json) {
         console.log(
           JSON.stringify(
-            { database, notifications, sequences, holders, attachments, subscriptions, throttles, permits },
+            {
+              database,
+              notifications,
+              sequences,
+              holders,
+              attachments,
+              subscriptions,
+              throttles,
+              keys,
+              permits,
+            },
             null,
             2,
           ),
@@ -315,6 +335,22 @@ const COMMANDS: Record<string, Command> = {
             lease: formatDuration(t.leaseMs),
             'refund on failure': t.refundOnFailure ? 'yes' : 'no',
             running: permits.filter((p) => p.name === t.name).length,
+            'paused until': t.pausedUntil?.toISOString() ?? '',
+          })),
+        );
+      }
+      if (keys.length > 0) {
+        console.log('throttle keys of note');
+        console.table(
+          keys.map((k) => ({
+            throttle: k.name,
+            key: k.key,
+            'own limits': describeOwnLimits(k.ownLimits),
+            'paused until': k.pausedUntil?.toISOString() ?? '',
+            waiting: k.waiting,
+            running: k.running.length,
+            'last outcome': k.lastOutcome ?? '',
+            'last error': k.lastError ?? '',
           })),
         );
       }
@@ -393,6 +429,15 @@ function describeBlocker(
   const state = b.state ? `, ${b.state}` : '';
   const app = b.applicationName ? ` (${b.applicationName})` : '';
   return `${who}${app}${state}${open}`;
+}
+
+/** A key's own limits as `define` takes them: 'concurrency 5, 10/1m'. */
+function describeOwnLimits(own: ThrottleState['ownLimits']): string {
+  const parts: string[] = [];
+  if (own.everyMs !== null) parts.push(`every ${formatDuration(own.everyMs)}`);
+  if (own.limit !== null) parts.push(`${own.limit}/${own.perMs === null ? '…' : formatDuration(own.perMs)}`);
+  if (own.concurrency !== null) parts.push(`concurrency ${own.concurrency}`);
+  return parts.join(', ');
 }
 
 /** Exit status 2: the command line itself is wrong. */

@@ -1,4 +1,4 @@
-import { describe, invalid, knownKeys, NOT_UNICODE, plainObject, text } from '../validate.js';
+import { describe, invalid, knownKeys, MAX_TEXT, NOT_UNICODE, plainObject, text } from '../validate.js';
 
 /** What an application appends. */
 export interface MessageInput {
@@ -39,13 +39,13 @@ export interface OutboxMessage<T = unknown> {
 /** The most messages one append may carry. */
 export const MAX_APPEND = 10_000;
 /** Topics and subscription names: also used in URLs and NOTIFY payloads. */
-const NAME = /^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$/;
+const NAME = new RegExp(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,${MAX_TEXT - 1}}$`);
 const MESSAGE_KEYS = ['type', 'data', 'key', 'messageId', 'headers'] as const;
 
 export function outboxName(what: string, value: unknown): string {
   if (typeof value !== 'string' || !NAME.test(value)) {
     throw invalid(
-      `${what} must be 1 to 200 letters, digits or _ . : - (not starting with . : -) (got ${describe(value)})`,
+      `${what} must be 1 to ${MAX_TEXT} letters, digits or _ . : - (not starting with . : -) (got ${describe(value)})`,
     );
   }
   return value;
@@ -70,10 +70,10 @@ export function toColumns(input: unknown): Columns {
     const what = list.length === 1 ? 'message' : `message ${i}`;
     const m = plainObject(what, item);
     knownKeys(what, m, MESSAGE_KEYS);
-    columns.types.push(text(`${what}.type`, m.type, 1, 200));
+    columns.types.push(text(`${what}.type`, m.type, 1, MAX_TEXT));
     columns.data.push(json(`${what}.data`, m.data));
-    columns.keys.push(m.key == null ? null : text(`${what}.key`, m.key, 0, 200));
-    columns.messageIds.push(m.messageId == null ? null : text(`${what}.messageId`, m.messageId, 1, 200));
+    columns.keys.push(m.key == null ? null : text(`${what}.key`, m.key, 0, MAX_TEXT));
+    columns.messageIds.push(m.messageId == null ? null : text(`${what}.messageId`, m.messageId, 1, MAX_TEXT));
     columns.headers.push(
       m.headers === undefined ? '{}' : json(`${what}.headers`, plainObject(`${what}.headers`, m.headers)),
     );

@@ -5,7 +5,16 @@ import type { Notifications } from '../db/notifications.js';
 import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
 import { durationOption } from '../durations.js';
 import { OrdoError } from '../errors.js';
-import { describe, invalid, knownKeys, oneOf, plainObject, safeInteger, text } from '../validate.js';
+import {
+  describe,
+  invalid,
+  knownKeys,
+  MAX_ERROR_LENGTH,
+  oneOf,
+  plainObject,
+  safeInteger,
+  text,
+} from '../validate.js';
 import { type Handler, retryDelay, type SubscriptionEnd } from './consumer.js';
 import { toLag, type SubscriptionLag } from './lag.js';
 import {
@@ -308,7 +317,7 @@ export class Outbox {
     const r = parseReceipt(name, receipt);
     const o = plainObject('nack options', options);
     knownKeys('nack options', o, ['error', 'retryAfter', 'maxAttempts']);
-    const error = o.error === undefined ? 'nack' : text('error', o.error, 1, 2000);
+    const error = o.error === undefined ? 'nack' : text('error', o.error, 1, MAX_ERROR_LENGTH);
     const maxAttempts =
       o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, 1_000_000);
     const delays =

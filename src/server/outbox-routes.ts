@@ -3,6 +3,8 @@ import {
   MAX_APPEND,
   MAX_BATCH,
   MAX_PARTITIONS,
+  MAX_DURATION_TEXT,
+  MAX_ERROR_LENGTH,
   MAX_TEXT,
   type MessageInput,
   type NackOptions,
@@ -73,7 +75,7 @@ const LAG = {
 } as const;
 const DURATION = {
   anyOf: [
-    { type: 'string', minLength: 1, maxLength: 50 },
+    { type: 'string', minLength: 1, maxLength: MAX_DURATION_TEXT },
     { type: 'integer', minimum: 0, description: 'milliseconds' },
   ],
 } as const;
@@ -291,7 +293,7 @@ export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
           required: ['receipt'],
           properties: {
             receipt: RECEIPT,
-            error: { type: 'string', minLength: 1, maxLength: 2000 },
+            error: { type: 'string', minLength: 1, maxLength: MAX_ERROR_LENGTH },
             retryAfter: DURATION,
             maxAttempts: { type: 'integer', minimum: 1, maximum: 1_000_000 },
           },

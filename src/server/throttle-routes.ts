@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyReply } from 'fastify';
 import {
   type AcquireResult,
   MAX_DURATION_MS,
+  MAX_DURATION_TEXT,
   MAX_ERROR_LENGTH,
   MAX_ITEMS,
   MAX_LIMIT,
@@ -31,7 +32,7 @@ const COST = {
 const DURATION = {
   anyOf: [
     { type: 'integer', minimum: 1, maximum: MAX_DURATION_MS, description: 'milliseconds' },
-    { type: 'string', maxLength: 64, description: "such as '2s', '1m' or '500ms'" },
+    { type: 'string', maxLength: MAX_DURATION_TEXT, description: "such as '2s', '1m' or '500ms'" },
   ],
 } as const;
 const DATE = { type: 'string', format: 'date-time' } as const;
@@ -41,7 +42,7 @@ const WAIT = {
     { type: 'integer', minimum: 0, maximum: MAX_HTTP_WAIT_MS, description: 'milliseconds' },
     {
       type: 'string',
-      maxLength: 64,
+      maxLength: MAX_DURATION_TEXT,
       description: "such as '10s': wait in line this long at most (a long poll)",
     },
   ],
@@ -63,6 +64,7 @@ const DEFINITION = {
     concurrency: { type: ['integer', 'null'] },
     leaseMs: { type: 'integer' },
     refundOnFailure: { type: 'boolean' },
+    pausedUntil: { anyOf: [DATE, { type: 'null' }] },
     createdAt: DATE,
     updatedAt: DATE,
   },
@@ -330,7 +332,7 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
                 },
                 {
                   type: 'string',
-                  maxLength: 64,
+                  maxLength: MAX_DURATION_TEXT,
                   description: "an ISO 8601 time, or a duration such as '30s'",
                 },
               ],

@@ -37,11 +37,13 @@ export interface ThrottleDefinition {
   concurrency: number | null;
   leaseMs: number;
   refundOnFailure: boolean;
+  /** Until when the whole throttle is paused (pause() without a key), or null. */
+  pausedUntil: Date | null;
   createdAt: Date;
   updatedAt: Date;
 }
 
-export type ValidThrottle = Omit<ThrottleDefinition, 'createdAt' | 'updatedAt'> & {
+export type ValidThrottle = Omit<ThrottleDefinition, 'createdAt' | 'updatedAt' | 'pausedUntil'> & {
   mode: 'create' | 'if_not_exists' | 'overwrite';
 };
 
@@ -115,6 +117,7 @@ export function toThrottleDefinition(row: Record<string, any>): ThrottleDefiniti
     concurrency: n(row.concurrency),
     leaseMs: Number(row.lease_ms),
     refundOnFailure: row.refund_on_failure,
+    pausedUntil: row.paused_until ? new Date(row.paused_until) : null,
     createdAt: new Date(row.created_at),
     updatedAt: new Date(row.updated_at),
   };

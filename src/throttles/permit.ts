@@ -1,5 +1,6 @@
 import type { Tx } from '../db/queryable.js';
 import type { ThrottlePolicy } from './definitions.js';
+import { MAX_ERROR_LENGTH } from '../validate.js';
 
 /** How a permit ended: by complete(), by fail(), or by its lease running out. */
 export type PermitOutcome = 'completed' | 'failed' | 'expired';
@@ -121,9 +122,6 @@ export class Permit {
 }
 
 export type AcquireResult = Permit | Refusal;
-
-/** The longest error text kept with a failed permit. */
-export const MAX_ERROR_LENGTH = 2000;
 
 /** The text recorded for a failure: an Error's name and message, a text as it is, anything else as JSON. */
 export function errorText(error: unknown): string | null {

@@ -6,8 +6,9 @@ import { quoteIdent } from '../db/migrations.js';
  */
 export function throttlePlans(schema: string) {
   const s = quoteIdent(schema);
-  const columns =
-    'name, every_ms, rate_limit, per_ms, concurrency, lease_ms, refund_on_failure, created_at, updated_at';
+  // A pause that has run out reads as none.
+  const columns = `name, every_ms, rate_limit, per_ms, concurrency, lease_ms, refund_on_failure, created_at, updated_at,
+    CASE WHEN paused_until > clock_timestamp() THEN paused_until END AS paused_until`;
   return {
     define: `SELECT r.outcome, (r.definition).* FROM ${s}.define_throttle($1, $2, $3, $4, $5, $6, $7, $8) AS r`,
     get: `SELECT ${columns} FROM ${s}.throttles WHERE name = $1`,

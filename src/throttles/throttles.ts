@@ -13,6 +13,7 @@ import {
   invalid,
   knownKeys,
   plainObject,
+  MAX_TEXT,
   safeInteger,
   text,
 } from '../validate.js';
@@ -167,7 +168,6 @@ export interface ThrottleState {
   observedAt: Date;
 }
 
-export const MAX_TEXT = 200;
 /** Most requests one coalesced statement serves. */
 const MAX_BATCH = 256;
 /** Most limits one request takes at once. */
