@@ -2,9 +2,10 @@ import { spawn } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { type Ordo, OrdoError } from '../src/index.js';
+import { type OrdoDatabase, ordoDatabase, type TestDatabase } from './support/database.js';
 
+let t: OrdoDatabase;
 let db: TestDatabase;
 let ordo: Ordo;
 let sql: pg.Pool;
@@ -12,15 +13,10 @@ let sql: pg.Pool;
 let S: string;
 
 beforeAll(async () => {
-  db = await freshDatabase();
-  ordo = await createOrdo({ databaseUrl: db.url, poolSize: 4 });
-  sql = db.pool(40);
-  S = `"${ordo.schema}"`;
+  t = await ordoDatabase({ poolSize: 4, sqlPoolSize: 40 });
+  ({ db, ordo, sql, S } = t);
 });
-afterAll(async () => {
-  await ordo?.close();
-  await db?.drop();
-});
+afterAll(() => t?.close());
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i + 1);
 

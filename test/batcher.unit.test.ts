@@ -44,6 +44,12 @@ function recorder(
 const refused = (sqlstate: string) =>
   Object.assign(new Error(sqlstate), { severity: 'ERROR', code: sqlstate });
 
+/** A batcher over the recorder's statements, calls keyed by their key. */
+const batcher = (
+  r: ReturnType<typeof recorder>,
+  options: { slots: number; maxBatch: number; units?: (c: Call) => number },
+) => new Batcher<Call, string>({ one: r.one, many: r.many, keyOf: (c) => c.key, ...options });
+
 const settle = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 async function releaseAll(r: ReturnType<typeof recorder>, fail?: unknown): Promise<void> {
@@ -57,13 +63,7 @@ async function releaseAll(r: ReturnType<typeof recorder>, fail?: unknown): Promi
 describe('Batcher', () => {
   it('sends a tick’s calls in one statement, and queues the rest while the slots are busy', async () => {
     const r = recorder();
-    const b = new Batcher<Call, string>({
-      one: r.one,
-      many: r.many,
-      slots: 1,
-      maxBatch: 256,
-      keyOf: (c) => c.key,
-    });
+    const b = batcher(r, { slots: 1, maxBatch: 256 });
     const first = [b.submit({ key: 'a', n: 1 }), b.submit({ key: 'b', n: 1 })];
     await settle();
     const later = [b.submit({ key: 'a', n: 2 }), b.submit({ key: 'c', n: 1 })];
@@ -77,13 +77,7 @@ describe('Batcher', () => {
 
   it('serves alone, by one, each call many answered with undefined', async () => {
     const r = recorder((calls) => calls.map((c) => (c.key === 'b' ? undefined : `${c.key}${c.n}`)));
-    const b = new Batcher<Call, string>({
-      one: r.one,
-      many: r.many,
-      slots: 2,
-      maxBatch: 256,
-      keyOf: (c) => c.key,
-    });
+    const b = batcher(r, { slots: 2, maxBatch: 256 });
     const calls = [b.submit({ key: 'a', n: 1 }), b.submit({ key: 'b', n: 1 }), b.submit({ key: 'b', n: 2 })];
     await releaseAll(r);
     expect(await Promise.all(calls)).toEqual(['a1', 'b1 alone', 'b2 alone']);
@@ -92,13 +86,7 @@ describe('Batcher', () => {
 
   it('after a failed statement: keys side by side, one key in arrival order, outside the slots', async () => {
     const r = recorder();
-    const b = new Batcher<Call, string>({
-      one: r.one,
-      many: r.many,
-      slots: 1,
-      maxBatch: 256,
-      keyOf: (c) => c.key,
-    });
+    const b = batcher(r, { slots: 1, maxBatch: 256 });
     const calls = [b.submit({ key: 'a', n: 1 }), b.submit({ key: 'b', n: 1 }), b.submit({ key: 'a', n: 2 })];
     await settle();
     r.held.shift()!.release(refused('55P03'));
@@ -115,13 +103,7 @@ describe('Batcher', () => {
 
   it('a failed statement of one call is that call’s answer, with no retry', async () => {
     const r = recorder();
-    const b = new Batcher<Call, string>({
-      one: r.one,
-      many: r.many,
-      slots: 1,
-      maxBatch: 256,
-      keyOf: (c) => c.key,
-    });
+    const b = batcher(r, { slots: 1, maxBatch: 256 });
     const lone = b.submit({ key: 'a', n: 1 }).catch((e: unknown) => e);
     const failure = new Error('throttle_not_found');
     await releaseAll(r, failure);
@@ -131,13 +113,7 @@ describe('Batcher', () => {
 
   it('a statement whose outcome is unknown (connection lost, client timeout) is every caller’s answer: serving them again could take twice', async () => {
     const r = recorder();
-    const b = new Batcher<Call, string>({
-      one: r.one,
-      many: r.many,
-      slots: 1,
-      maxBatch: 256,
-      keyOf: (c) => c.key,
-    });
+    const b = batcher(r, { slots: 1, maxBatch: 256 });
     const calls = ['a', 'b', 'a'].map((key, n) => b.submit({ key, n }).catch((e: unknown) => e));
     const lost = new Error('Connection terminated unexpectedly');
     await releaseAll(r, lost);
@@ -147,14 +123,7 @@ describe('Batcher', () => {
 
   it('maxBatch counts units, never splits a call, and keeps arrival order', async () => {
     const r = recorder();
-    const b = new Batcher<Call, string>({
-      one: r.one,
-      many: r.many,
-      slots: 1,
-      maxBatch: 5,
-      units: (c) => c.n,
-      keyOf: (c) => c.key,
-    });
+    const b = batcher(r, { slots: 1, maxBatch: 5, units: (c) => c.n });
     const calls = [4, 3, 1, 9].map((n, i) => b.submit({ key: `k${i}`, n }));
     await releaseAll(r);
     await Promise.all(calls);
@@ -163,13 +132,7 @@ describe('Batcher', () => {
 
   it('idle() waits for every call, fallbacks included, and never rejects', async () => {
     const r = recorder();
-    const b = new Batcher<Call, string>({
-      one: r.one,
-      many: r.many,
-      slots: 2,
-      maxBatch: 256,
-      keyOf: (c) => c.key,
-    });
+    const b = batcher(r, { slots: 2, maxBatch: 256 });
     const calls = [b.submit({ key: 'a', n: 1 }), b.submit({ key: 'b', n: 1 })].map((p) =>
       p.catch((e: unknown) => e),
     );

@@ -1,8 +1,8 @@
-import { spawnSync } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { runCliSync } from './support/server-process.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -17,13 +17,7 @@ afterAll(async () => {
   await db?.drop();
 });
 
-function cli(...args: string[]) {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', 'test/support/ordo-cli.ts', ...args], {
-    encoding: 'utf8',
-    env: { ...process.env, DATABASE_URL: db.url, ORDO_DATABASE_URL: '' },
-  });
-  return { code: r.status, out: r.stdout, err: r.stderr };
-}
+const cli = (...args: string[]) => runCliSync(args, { env: { DATABASE_URL: db.url } });
 
 describe('ordo CLI', () => {
   it('prints help, and refuses unknown commands and flags with a one-line reason', () => {

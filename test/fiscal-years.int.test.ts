@@ -1,24 +1,19 @@
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo } from '../src/index.js';
+import type { Ordo } from '../src/index.js';
 import { buildServer } from '../src/server/app.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { type OrdoDatabase, ordoDatabase } from './support/database.js';
 
-let db: TestDatabase;
+let t: OrdoDatabase;
 let ordo: Ordo;
 let sql: pg.Pool;
 let S: string;
 
 beforeAll(async () => {
-  db = await freshDatabase();
-  ordo = await createOrdo({ databaseUrl: db.url });
-  sql = db.pool(4);
-  S = `"${ordo.schema}"`;
+  t = await ordoDatabase();
+  ({ ordo, sql, S } = t);
 });
-afterAll(async () => {
-  await ordo?.close();
-  await db?.drop();
-});
+afterAll(() => t?.close());
 
 describe('fiscal years: reset yearly from any month, in the time zone', () => {
   it('India (April, Asia/Kolkata): 31 March 23:59:59 local is the old year, one second later the new one', async () => {

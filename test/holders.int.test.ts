@@ -1,10 +1,10 @@
-import { spawnSync } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { buildServer } from '../src/server/app.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { runCliSync } from './support/server-process.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -37,13 +37,7 @@ async function until<T>(probe: () => Promise<T>, done: (value: T) => boolean): P
   }
 }
 
-function cli(...args: string[]) {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', 'test/support/ordo-cli.ts', ...args], {
-    encoding: 'utf8',
-    env: { ...process.env, DATABASE_URL: db.url, ORDO_DATABASE_URL: '' },
-  });
-  return { code: r.status, out: r.stdout, err: r.stderr };
-}
+const cli = (...args: string[]) => runCliSync(args, { env: { DATABASE_URL: db.url } });
 
 describe('holders() names the transaction holding a counter', () => {
   it('a transaction left idle, with three waiting behind it, through the library, HTTP and ordo status', async () => {

@@ -5,26 +5,26 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, Permit } from '../src/index.js';
+import { type Ordo, Permit } from '../src/index.js';
 import { buildServer } from '../src/server/app.js';
-import { freshDatabase, type TestDatabase } from './support/database.js';
+import { type OrdoDatabase, ordoDatabase, type TestDatabase } from './support/database.js';
 import { sample, sampleSum } from './support/prometheus.js';
 
+let t: OrdoDatabase;
 let db: TestDatabase;
 let ordo: Ordo;
 let app: Awaited<ReturnType<typeof buildServer>>;
 const clients: pg.Client[] = [];
 
 beforeAll(async () => {
-  db = await freshDatabase();
-  ordo = await createOrdo({ databaseUrl: db.url, poolSize: 6 });
+  t = await ordoDatabase({ poolSize: 6 });
+  ({ db, ordo } = t);
   app = await buildServer(ordo);
 });
 afterAll(async () => {
   await Promise.all(clients.map((c) => c.end().catch(() => undefined)));
   await app?.close();
-  await ordo?.close();
-  await db?.drop();
+  await t?.close();
 });
 
 async function scrape(): Promise<string> {

@@ -1,5 +1,5 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { Ordo, SubscriptionLag } from '../index.js';
+import type { CounterHolder, Ordo, SubscriptionLag } from '../index.js';
 
 /** Prometheus metrics of one server, in a registry of its own (never the global one). */
 export function createMetrics(ordo: Ordo) {
@@ -47,11 +47,41 @@ function perScrape<T>(read: () => Promise<T>): () => Promise<T> {
   };
 }
 
-/** Sums `value` of `rows` by `label`, for a gauge or counter per name. */
-function sumBy<R>(rows: readonly R[], label: (r: R) => string, value: (r: R) => number): Map<string, number> {
-  const sums = new Map<string, number>();
-  for (const r of rows) sums.set(label(r), (sums.get(label(r)) ?? 0) + value(r));
-  return sums;
+/**
+ * A gauge by one label, from rows read at each scrape: each label's rows' values combined
+ * (summed unless told otherwise); labels with no row have no sample, or 0 when in `zeros`.
+ */
+function rowGauge<R>(
+  registry: Registry,
+  g: {
+    name: string;
+    help: string;
+    label: string;
+    rows: () => Promise<readonly R[]>;
+    labelOf: (row: R) => string;
+    value: (row: R) => number;
+    combine?: (a: number, b: number) => number;
+    zeros?: () => Promise<string[]>;
+  },
+): void {
+  const combine = g.combine ?? ((a: number, b: number) => a + b);
+  new Gauge({
+    name: g.name,
+    help: g.help,
+    labelNames: [g.label],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      const values = new Map<string, number>();
+      for (const zero of (await g.zeros?.()) ?? []) values.set(zero, 0);
+      for (const row of await g.rows()) {
+        const label = g.labelOf(row);
+        const seen = values.get(label);
+        values.set(label, seen === undefined ? g.value(row) : combine(seen, g.value(row)));
+      }
+      for (const [label, value] of values) this.set({ [g.label]: label }, value);
+    },
+  });
 }
 
 function sequenceMetrics(ordo: Ordo, registry: Registry): void {
@@ -75,48 +105,25 @@ function sequenceMetrics(ordo: Ordo, registry: Registry): void {
   ordo.sequences.onReservation((sequence, ms) => reservationLatency.observe({ sequence }, ms / 1000));
   // Gapless counters locked by open transactions (the in-transaction mode), read at each scrape.
   const holders = perScrape(() => ordo.sequences.holders());
-  new Gauge({
+  const bySequence = { label: 'sequence', rows: holders, labelOf: (h: CounterHolder) => h.sequence };
+  rowGauge(registry, {
     name: 'ordo_gapless_counters_held',
     help: 'Gapless counters locked by an open transaction, by sequence',
-    labelNames: ['sequence'],
-    registers: [registry],
-    async collect() {
-      this.reset();
-      for (const [sequence, n] of sumBy(
-        await holders(),
-        (h) => h.sequence,
-        () => 1,
-      ))
-        this.set({ sequence }, n);
-    },
+    ...bySequence,
+    value: () => 1,
   });
-  new Gauge({
+  rowGauge(registry, {
     name: 'ordo_gapless_lock_waiters',
     help: 'Transactions waiting for a gapless counter another transaction holds, by sequence',
-    labelNames: ['sequence'],
-    registers: [registry],
-    async collect() {
-      this.reset();
-      for (const [sequence, n] of sumBy(
-        await holders(),
-        (h) => h.sequence,
-        (h) => h.waiting,
-      ))
-        this.set({ sequence }, n);
-    },
+    ...bySequence,
+    value: (h) => h.waiting,
   });
-  new Gauge({
+  rowGauge(registry, {
     name: 'ordo_gapless_longest_hold_seconds',
     help: 'How long the oldest transaction holding a gapless counter has been open, by sequence',
-    labelNames: ['sequence'],
-    registers: [registry],
-    async collect() {
-      this.reset();
-      const longest = new Map<string, number>();
-      for (const h of await holders())
-        longest.set(h.sequence, Math.max(longest.get(h.sequence) ?? 0, h.openForMs ?? 0));
-      for (const [sequence, ms] of longest) this.set({ sequence }, ms / 1000);
-    },
+    ...bySequence,
+    value: (h) => (h.openForMs ?? 0) / 1000,
+    combine: Math.max,
   });
 }
 
@@ -160,22 +167,15 @@ function throttleMetrics(ordo: Ordo, registry: Registry): void {
       }
     },
   });
-  const running = perScrape(() => ordo.throttles.running());
-  new Gauge({
+  rowGauge(registry, {
     name: 'ordo_throttle_running_permits',
     help: 'Live permits of every process, by throttle',
-    labelNames: ['throttle'],
-    registers: [registry],
-    async collect() {
-      this.reset();
-      for (const t of await ordo.throttles.list()) this.set({ throttle: t.name }, 0);
-      for (const [throttle, n] of sumBy(
-        await running(),
-        (p) => p.name,
-        () => 1,
-      ))
-        this.set({ throttle }, n);
-    },
+    label: 'throttle',
+    rows: () => ordo.throttles.running(),
+    labelOf: (p) => p.name,
+    value: () => 1,
+    // A throttle with nothing running says 0 rather than nothing.
+    zeros: async () => (await ordo.throttles.list()).map((t) => t.name),
   });
 }
 

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { inject } from 'vitest';
+import { createOrdo, type Ordo } from '../../src/index.js';
 
 export const baseUrl = (): string => inject('databaseUrl');
 
@@ -43,4 +44,33 @@ async function admin<T>(fn: (c: pg.Client) => Promise<T>): Promise<T> {
   } finally {
     await client.end();
   }
+}
+
+export interface OrdoDatabase {
+  db: TestDatabase;
+  ordo: Ordo;
+  /** A pool of its own on the database, for what the test does around ordo. */
+  sql: pg.Pool;
+  /** The quoted schema holding ordo's tables and SQL functions. */
+  S: string;
+  /** Closes ordo and drops the database. */
+  close(): Promise<void>;
+}
+
+/** A database of its own with ordo on it: what most test files start from. */
+export async function ordoDatabase(
+  options: { poolSize?: number; sqlPoolSize?: number } = {},
+): Promise<OrdoDatabase> {
+  const db = await freshDatabase();
+  const ordo = await createOrdo({ databaseUrl: db.url, poolSize: options.poolSize });
+  return {
+    db,
+    ordo,
+    sql: db.pool(options.sqlPoolSize ?? 4),
+    S: `"${ordo.schema}"`,
+    async close() {
+      await ordo.close();
+      await db.drop();
+    },
+  };
 }

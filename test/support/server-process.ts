@@ -1,6 +1,6 @@
 // `ordo serve` (and other CLI commands) as real child processes, run from source the way
 // test/cli.int.test.ts runs them: `node --import tsx test/support/ordo-cli.ts <args>`.
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import type { Agent } from 'undici-types';
@@ -102,6 +102,20 @@ export async function runCli(
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** A short CLI command run to its end, synchronously: for commands that print and exit. */
+export function runCliSync(
+  args: string[],
+  options: ChildOptions = {},
+): { code: number | null; out: string; err: string } {
+  const r = spawnSync(process.execPath, [...CLI, ...args], {
+    cwd: options.cwd ?? ROOT,
+    env: environment(options),
+    encoding: 'utf8',
+    timeout: 30_000,
+  });
+  return { code: r.status, out: r.stdout, err: r.stderr };
 }
 
 export interface ServerProcess {
