@@ -434,7 +434,8 @@ BEGIN
             FROM unnest(names, keys) WITH ORDINALITY AS u(n, k, i)) AS x;
 
   ks := {{schema}}.throttle_fold({{schema}}.throttle_lock(g_names, g_keys, g_units));
-  IF line_first THEN
+  -- The table is empty unless someone waits: then nothing more is read.
+  IF line_first AND EXISTS (SELECT 1 FROM {{schema}}.throttle_waiter_items) THEN
     queued := {{schema}}.throttle_queued(g_names, g_keys);
   END IF;
 
