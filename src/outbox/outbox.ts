@@ -357,12 +357,22 @@ export class Outbox {
     return lags;
   }
 
-  /** Messages parked by a subscription after maxAttempts, oldest first, with the reason. */
-  async deadLetters(name: string, options: { limit?: number } = {}): Promise<DeadLetter[]> {
+  /**
+   * Messages parked by a subscription after maxAttempts, with the reason: the oldest first, or
+   * with `order: 'newest'` the latest parked first (the few a dashboard shows).
+   */
+  async deadLetters(
+    name: string,
+    options: { limit?: number; order?: 'oldest' | 'newest' } = {},
+  ): Promise<DeadLetter[]> {
     this.ensureOpen();
-    knownKeys('deadLetters options', plainObject('deadLetters options', options), ['limit']);
+    knownKeys('deadLetters options', plainObject('deadLetters options', options), ['limit', 'order']);
     const limit = options.limit === undefined ? 1000 : safeInteger('limit', options.limit, 1, 100_000);
-    const { rows } = await this.run(this.plans.deadLetters, [outboxName('subscription name', name), limit]);
+    const order = options.order ?? 'oldest';
+    if (order !== 'oldest' && order !== 'newest')
+      throw invalid(`order must be 'oldest' or 'newest' (got ${describe(order)})`);
+    const plan = order === 'newest' ? this.plans.deadLettersNewest : this.plans.deadLetters;
+    const { rows } = await this.run(plan, [outboxName('subscription name', name), limit]);
     return rows.map((r) => ({
       ...toMessage(r),
       attempts: r.attempts,

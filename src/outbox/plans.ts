@@ -48,6 +48,10 @@ export function outboxPlans(schema: string) {
     deadLetters: `SELECT position, transaction_id::text, topic, type, key, message_id, data, headers, created_at,
         attempts, error, parked_at
       FROM ${s}.dead_letters WHERE subscription = $1 ORDER BY parked_at, position LIMIT $2`,
+    /** The same, the latest parked first (what a dashboard shows). */
+    deadLettersNewest: `SELECT position, transaction_id::text, topic, type, key, message_id, data, headers, created_at,
+        attempts, error, parked_at
+      FROM ${s}.dead_letters WHERE subscription = $1 ORDER BY parked_at DESC, position DESC LIMIT $2`,
     prune: `SELECT ${s}.prune($1::interval, $2) AS deleted`,
   };
 }
