@@ -677,6 +677,9 @@ async function check(r: FuzzRequest): Promise<void> {
   } else {
     expect(a.status, what).toBe(200);
     if (r.path.startsWith('/metrics')) expect(a.text, what).toContain('ordo_http_requests_total');
+    // The dashboard's page (a GET of /, with any query string) is HTML; every other answer is JSON.
+    else if (r.method === 'GET' && /^\/(\?|$)/.test(r.path))
+      expect(a.contentType, what).toMatch(/^text\/html/);
     else expect(parse(a.text), what).not.toBeUndefined();
   }
 }

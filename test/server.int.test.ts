@@ -407,6 +407,7 @@ describe('routes', () => {
         'POST /v1/permits/{id}/complete',
         'POST /v1/permits/{id}/fail',
         'POST /v1/permits/{id}/extend',
+        'GET /v1/dashboard',
       ].sort(),
     );
     const next = paths['/v1/sequences/{name}/next']!.post as any;
@@ -417,6 +418,31 @@ describe('routes', () => {
     const secured = await http(guarded.url, 'GET', '/openapi.json', { token: READER });
     expect(secured.json.security).toEqual([{ bearer: [] }]);
     expect(secured.json.components.securitySchemes.bearer).toMatchObject({ type: 'http', scheme: 'bearer' });
+  });
+
+  it('GET / is the dashboard page: open (it holds no data), asking for a token where tokens are set', async () => {
+    for (const [s, auth] of [
+      [server, 'none'],
+      [guarded, 'bearer'],
+    ] as const) {
+      const page = await http(s.url, 'GET', '/');
+      expect(page.status).toBe(200);
+      expect(page.contentType).toBe('text/html; charset=utf-8');
+      expect(page.text).toContain(`<meta name="ordo-auth" content="${auth}">`);
+      const script = await http(s.url, 'GET', '/dashboard.js');
+      expect(script.status).toBe(200);
+      expect(script.contentType).toBe('text/javascript; charset=utf-8');
+    }
+    const data = await api('GET', '/v1/dashboard');
+    expect(data.status).toBe(200);
+    expect(Object.keys(data.json).sort()).toEqual([
+      'at',
+      'nodeId',
+      'sequences',
+      'subscriptions',
+      'throttles',
+      'windowMs',
+    ]);
   });
 });
 
@@ -845,6 +871,7 @@ describe('tokens', () => {
     { scope: 'read', method: 'GET', path: '/v1/sequences/shared' },
     { scope: 'read', method: 'GET', path: '/metrics' },
     { scope: 'read', method: 'GET', path: '/openapi.json' },
+    { scope: 'read', method: 'GET', path: '/v1/dashboard' },
     { scope: 'next', method: 'POST', path: '/v1/sequences/shared/next', json: { count: 2 } },
     { scope: 'admin', method: 'PUT', path: '/v1/sequences/shared', json: { ifNotExists: true } },
     { scope: 'admin', method: 'POST', path: '/v1/query', json: { query: 'INFO FOR DB' } },

@@ -10,6 +10,7 @@ import Fastify, {
 } from 'fastify';
 import { ERROR_CODES, type Ordo, OrdoError, type OrdoErrorCode, toOrdoError } from '../index.js';
 import { authenticate, type Scope, type Token } from './auth.js';
+import { dashboardRoutes } from './dashboard-routes.js';
 import { createMetrics } from './metrics.js';
 import { outboxRoutes } from './outbox-routes.js';
 import { ERROR } from './schemas.js';
@@ -257,6 +258,8 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
   outboxRoutes(app, ordo);
 
   throttleRoutes(app, ordo);
+
+  dashboardRoutes(app, ordo, { tokens: tokens.length > 0 });
 
   return app;
 }
