@@ -317,6 +317,24 @@ describe('several limits, waiting in line, key limits and pauses', () => {
     expect(state.json.running).toHaveLength(3);
     const keys = await call('GET', '/v1/throttles/tiers/keys', READER);
     expect(keys.json.map((k: { key: string }) => k.key).sort()).toEqual(['basic', 'vip']);
+    // ?limit= arrives as text (the server coerces nothing): digits are taken, the range is the library's.
+    const one = await call('GET', '/v1/throttles/tiers/keys?limit=1', READER);
+    expect(one.status, JSON.stringify(one.json)).toBe(200);
+    expect(one.json).toHaveLength(1);
+    expect((await call('GET', '/v1/throttles/tiers/keys?limit=5', READER)).json).toHaveLength(2);
+    for (const [limit, message] of [
+      ['0', /limit must be a whole number from 1 to 10000 \(got 0\)/],
+      ['10001', /limit must be a whole number from 1 to 10000/],
+      ['2.5', /querystring\.limit must match pattern/],
+      ['-1', /querystring\.limit must match pattern/],
+      ['five', /querystring\.limit must match pattern/],
+      ['', /querystring\.limit must match pattern/],
+    ] as const)
+      expectError(
+        await call('GET', `/v1/throttles/tiers/keys?limit=${limit}`, READER),
+        'invalid_argument',
+        message,
+      );
     const removed = await call('DELETE', '/v1/throttles/tiers/key-limits?key=vip', ADMIN);
     expect(removed.json.concurrency).toBe(1);
     expect(

@@ -252,7 +252,7 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
     async (request) => ordo.throttles.state(request.params.name, request.query.key ?? ''),
   );
 
-  app.get<{ Params: { name: string }; Querystring: { limit?: number } }>(
+  app.get<{ Params: { name: string }; Querystring: { limit?: string } }>(
     '/v1/throttles/:name/keys',
     {
       config: { scope: 'read' },
@@ -262,14 +262,16 @@ export function throttleRoutes(app: FastifyInstance, ordo: Ordo): void {
         querystring: {
           type: 'object',
           additionalProperties: false,
-          properties: { limit: { type: 'integer', minimum: 1, maximum: 10_000 } },
+          // Text, as a query string arrives (the server coerces nothing): digits here, the
+          // range (1 to 10,000) where the library checks it.
+          properties: { limit: { type: 'string', pattern: '^[0-9]{1,5}$' } },
         },
         response: { ...errors, 200: { type: 'array', items: STATE } },
       },
     },
     async (request) =>
       ordo.throttles.keys(request.params.name, {
-        ...(request.query.limit === undefined ? {} : { limit: request.query.limit }),
+        ...(request.query.limit === undefined ? {} : { limit: Number(request.query.limit) }),
       }),
   );
 
