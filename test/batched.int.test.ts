@@ -627,6 +627,82 @@ describe('a clean close gives the unused rest back, never a value twice', () => 
     await Promise.all([...workers, sqlLoop]);
     expect(duplicates(...all, sql)).toEqual([]);
   });
+
+  /** Where the sequence's storage stands: the first value of the next range reserved. */
+  async function position(name: string): Promise<number> {
+    const { rows } = await raw.query(
+      'SELECT ordo.storage_position(storage) AS p FROM ordo.sequences WHERE name = $1',
+      [name],
+    );
+    return Number(rows[0].p);
+  }
+
+  /** A node that drew 0, 1, 2 of a sequence of batch 100 and holds 0..99 and the spare 100..199. */
+  async function drewThree(name: string) {
+    await main.sequences.define({ name, kind: 'batched', batch: 100 });
+    const nodeId = randomUUID();
+    const a = await node({ nodeId });
+    const drawn = (await a.sequences.nextMany(name, 3)).map((i) => i.value as number);
+    await until('the spare is reserved', async () => (await ownership(name, nodeId)).length === 2);
+    const held = await ownership(name, nodeId);
+    expect(drawn).toEqual([0, 1, 2]);
+    expect(held.map((r) => [r.first, r.last])).toEqual([
+      [0, 99],
+      [100, 199],
+    ]);
+    return { a, nodeId, drawn, held };
+  }
+
+  it('an OVERWRITE between the reservation and the close gives nothing back, even to a node that missed the notification', async () => {
+    const name = 'givenBackOverwritten';
+    const { a, nodeId, drawn, held } = await drewThree(name);
+    await main.sequences.define({ name, kind: 'batched', batch: 100, overwrite: true });
+    const reserved = await position(name);
+    expect(reserved).toBe(200);
+    // The compare-and-set, as a node that has not heard of the OVERWRITE would send it: refused.
+    const { rows } = await raw.query('SELECT ordo.give_back($1, $2, $3, $4, $5, 1000) AS given_back', [
+      name,
+      nodeId,
+      held[1]!.epoch,
+      held[1]!.first,
+      3,
+    ]);
+    expect(rows[0].given_back).toBe(false);
+    await a.close();
+    expect(await position(name)).toBe(reserved);
+    const b = await node();
+    const after = (await b.sequences.nextMany(name, 3)).map((i) => i.value as number);
+    expect(after).toEqual([200, 201, 202]);
+    expect(duplicates(drawn, after)).toEqual([]);
+  });
+
+  it('an ALTER … TIMEOUT between the reservation and the close changes no value: the rest is still given back, once', async () => {
+    const name = 'givenBackAltered';
+    const { a, drawn } = await drewThree(name);
+    expect(await main.query(`ALTER SEQUENCE ${name} TIMEOUT 5s`)).toEqual([{ result: null }]);
+    await sleep(100); // the notification reaches the node: its ranges stay (same epoch)
+    await a.close();
+    expect(await position(name)).toBe(3);
+    const b = await node();
+    const after = (await b.sequences.nextMany(name, 3)).map((i) => i.value as number);
+    expect(after).toEqual([3, 4, 5]);
+    expect(duplicates(drawn, after)).toEqual([]);
+  });
+
+  it("a SQL ordo.nextval() after the node's last range makes its close give nothing back; that value never comes again", async () => {
+    const name = 'givenBackSql';
+    const { a, nodeId, drawn, held } = await drewThree(name);
+    const fromSql = await sqlNextval(name);
+    expect(fromSql).toBe(200);
+    await a.close();
+    // Nothing moved: the storage stays after the SQL caller's block, the ownership rows whole.
+    expect(await position(name)).toBe(300);
+    expect(await ownership(name, nodeId)).toEqual(held);
+    const b = await node();
+    const after = (await b.sequences.nextMany(name, 3)).map((i) => i.value as number);
+    expect(after).toEqual([300, 301, 302]);
+    expect(duplicates(drawn, [fromSql], after)).toEqual([]);
+  });
 });
 
 describe('input checks', () => {
