@@ -128,7 +128,7 @@ export function toMessage(row: Record<string, any>): OutboxMessage {
     key: row.key,
     messageId: row.message_id,
     data: row.data,
-    headers: row.headers,
-    createdAt: row.created_at,
+    headers: row.headers ?? {},
+    createdAt: new Date(row.created_ms),
   };
 }

@@ -1,0 +1,126 @@
+-- ordo 0015: receive() in one statement.
+--
+-- 0008's receive() picked the batch's positions, then read the rows again by position: about
+-- half of its time for a batch of 1,000 went to that second read (a hash join and a sort) and
+-- to planning two statements. The candidates are read whole once: the rows a visibility test
+-- reads from the heap anyway. The partition's row is moved by a data-modifying CTE of the same
+-- statement, so the batch returned and the version recorded cannot differ. What a batch holds,
+-- and in which order, is unchanged (see 0008).
+CREATE OR REPLACE FUNCTION {{schema}}.receive(sub_name text, part integer, sub_owner text, max_count integer, lease_ms bigint)
+RETURNS TABLE ("position" bigint, transaction_id xid8, topic text, type text, key text,
+               message_id text, data jsonb, headers jsonb, created_at timestamptz,
+               version bigint, attempt integer)
+LANGUAGE plpgsql VOLATILE
+SET enable_bitmapscan = off SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+  had_id boolean := pg_current_xact_id_if_assigned() IS NOT NULL;
+  st {{schema}}.subscription_partitions;
+  sub {{schema}}.subscriptions;
+  fresh boolean := false;
+  here record;
+  limit_to integer;
+BEGIN
+  IF max_count IS NULL OR max_count NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format('max must be an integer from 1 to 10000, not %s', max_count);
+  END IF;
+  SELECT * INTO sub FROM {{schema}}.subscriptions s WHERE s.name = sub_name;
+  SELECT * INTO st FROM {{schema}}.subscription_partitions p
+   WHERE p.subscription = sub_name AND p.partition = part;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX010', MESSAGE = format('The subscription %L does not exist', sub_name);
+  END IF;
+  IF st.owner IS DISTINCT FROM sub_owner THEN
+    RETURN;
+  END IF;
+  IF st.target_position IS NULL THEN
+    fresh := true;
+    here := {{schema}}.current_cluster();
+    st.target_cluster := here.cluster;
+    st.target_floor := here.first_position;
+    st.target_position := {{schema}}.last_position();
+    st.target_snapshot := pg_current_snapshot();
+  END IF;
+  limit_to := CASE WHEN st.single_until IS NOT NULL THEN 1 ELSE max_count END;
+  RETURN QUERY
+  -- The first limit_to + 1 of the round, in position order (one more than is shown tells
+  -- whether the round ends with this batch): above the base position and visible in the
+  -- target; at or below it, of transactions the base saw running, by its xip and by the short
+  -- range from its xmax to its bound (two index scans on the primary key).
+  WITH candidates AS (
+    (SELECT m.position, m.transaction_id, m.topic, m.type, m.key, m.message_id, m.data, m.headers,
+            m.created_at
+       FROM {{schema}}.messages m
+      WHERE m.topic = sub.topic
+        AND m.position > greatest(st.base_position, st.progress) AND m.position <= st.target_position
+        AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
+        AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
+        AND (st.legacy_transaction_id IS NULL
+             OR (m.transaction_id, m.position) > (st.legacy_transaction_id, st.legacy_position))
+      ORDER BY m.position LIMIT limit_to + 1)
+    UNION ALL
+    (SELECT m.position, m.transaction_id, m.topic, m.type, m.key, m.message_id, m.data, m.headers,
+            m.created_at
+       FROM {{schema}}.messages m
+      WHERE m.topic = sub.topic
+        AND m.transaction_id = ANY (ARRAY(SELECT pg_snapshot_xip(st.base_snapshot)))
+        AND m.position <= st.base_position AND m.position > st.progress
+        -- A base of this cluster: what lies below its first position was delivered whole.
+        AND (st.cluster <> st.target_cluster OR m.position >= st.target_floor)
+        AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
+        AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
+      ORDER BY m.position LIMIT limit_to + 1)
+    UNION ALL
+    (SELECT m.position, m.transaction_id, m.topic, m.type, m.key, m.message_id, m.data, m.headers,
+            m.created_at
+       FROM {{schema}}.messages m
+      WHERE m.topic = sub.topic
+        AND m.transaction_id >= pg_snapshot_xmax(st.base_snapshot)
+        AND m.transaction_id <= coalesce(st.base_bound, '18446744073709551615'::xid8)
+        AND m.position <= st.base_position AND m.position > st.progress
+        AND (st.cluster <> st.target_cluster OR m.position >= st.target_floor)
+        AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
+        AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
+      ORDER BY m.position LIMIT limit_to + 1)),
+  picked AS (
+    SELECT c.*, row_number() OVER (ORDER BY c.position) AS n
+      FROM (SELECT * FROM candidates c ORDER BY c.position LIMIT limit_to + 1) c),
+  batch AS (
+    SELECT min(k.position) AS first, max(k.position) FILTER (WHERE k.n <= limit_to) AS last,
+           count(*) FILTER (WHERE k.n <= limit_to)::integer AS shown, count(*) AS picked
+      FROM picked k HAVING count(*) > 0),
+  moved AS (
+    UPDATE {{schema}}.subscription_partitions p
+       SET version = p.version + 1,
+           target_position = st.target_position, target_snapshot = st.target_snapshot,
+           target_floor = st.target_floor, target_cluster = st.target_cluster,
+           target_bound = CASE WHEN NOT fresh THEN st.target_bound
+                               WHEN had_id THEN NULL ELSE pg_current_xact_id() END,
+           redelivered = p.redelivered + CASE
+             WHEN p.batch_last IS NOT NULL OR p.single_until IS NOT NULL
+                  OR p.attempts_position = b.first THEN b.shown ELSE 0 END,
+           batch_last = b.last,
+           batch_count = b.shown,
+           batch_done = b.picked <= limit_to,
+           lease_until = clock_timestamp() + lease_ms * interval '1 millisecond'
+      FROM batch b
+     WHERE p.subscription = sub_name AND p.partition = part
+    RETURNING p.version, b.first)
+  SELECT k.position, k.transaction_id, k.topic, k.type, k.key, k.message_id, k.data, k.headers,
+         k.created_at,
+         mv.version, CASE WHEN st.attempts_position = mv.first THEN st.attempts + 1 ELSE 1 END
+    FROM picked k CROSS JOIN moved mv
+   WHERE k.n <= limit_to
+   ORDER BY k.position;
+  IF NOT FOUND AND NOT fresh THEN
+    -- A round whose rest is gone (deleted by hand): it is done.
+    UPDATE {{schema}}.subscription_partitions p
+       SET version = p.version + 1, base_position = p.target_position,
+           base_snapshot = p.target_snapshot, base_bound = p.target_bound, cluster = p.target_cluster,
+           target_position = NULL, target_snapshot = NULL, target_bound = NULL,
+           target_floor = NULL, target_cluster = NULL, legacy_transaction_id = NULL, legacy_position = NULL,
+           progress = 0, single_until = NULL
+     WHERE p.subscription = sub_name AND p.partition = part;
+  END IF;
+END $$;
