@@ -237,6 +237,8 @@ describe('as SurrealDB answers its own sequence tests', () => {
       REMOVE SEQUENCE ids;
       RETURN sequence::nextval('ids');
       DEFINE SEQUENCE ids BATCH 10 TIMEOUT 0s;
+      -- SurrealDB's test takes this value in CREATE |test:20| CONTENT { sq: sequence::nextval('sq') }
+      -- RETURN NONE: ordo has no tables, so RETURN asks for it; the timeout fails it the same way.
       RETURN sequence::nextval('ids');
     `);
     expect(answer).toEqual([
@@ -295,6 +297,35 @@ describe('as SurrealDB answers its own sequence tests', () => {
       { result: 7 },
       { result: 8 },
     ]);
+  });
+
+  it('OVERWRITE of a sequence that does not exist defines it; IF NOT EXISTS of a new one too', async () => {
+    const { answer, codes } = await sameAsSurreal(`
+      DEFINE SEQUENCE OVERWRITE fresh BATCH 5 START 7 TIMEOUT 2s;
+      DEFINE SEQUENCE IF NOT EXISTS newer START -3;
+      (INFO FOR DB).sequences;
+      RETURN sequence::nextval('fresh');
+      RETURN sequence::nextval('newer');
+      DEFINE SEQUENCE IF NOT EXISTS newer START 100;
+      DEFINE SEQUENCE newer;
+      RETURN sequence::nextval('newer');
+    `);
+    expect(answer).toEqual([
+      { result: null },
+      { result: null },
+      {
+        result: {
+          fresh: 'DEFINE SEQUENCE fresh BATCH 5 START 7 TIMEOUT 2s',
+          newer: 'DEFINE SEQUENCE newer BATCH 1000 START -3',
+        },
+      },
+      { result: 7 },
+      { result: -3 },
+      { result: null },
+      { error: "The sequence 'newer' already exists" },
+      { result: -2 },
+    ]);
+    for (const c of codes) expect(c).toEqual(['sequence_exists']);
   });
 
   it('ALTER SEQUENCE: TIMEOUT d, TIMEOUT NONE, IF EXISTS, a missing sequence, TIMEOUT 0s, no clause', async () => {
