@@ -1,11 +1,13 @@
--- ordo 0015: receive() in one statement.
+-- ordo 0015: the outbox's hot paths, same results in less time.
 --
--- 0008's receive() picked the batch's positions, then read the rows again by position: about
+-- receive() in one statement: 0008's receive() picked the batch's positions, then read the rows again by position: about
 -- half of its time for a batch of 1,000 went to that second read (a hash join and a sort) and
 -- to planning two statements. The candidates are read whole once: the rows a visibility test
 -- reads from the heap anyway. The partition's row is moved by a data-modifying CTE of the same
 -- statement, so the batch returned and the version recorded cannot differ. What a batch holds,
 -- and in which order, is unchanged (see 0008).
+--
+-- append_many() without ON CONFLICT when no message has an id (see there).
 CREATE OR REPLACE FUNCTION {{schema}}.receive(sub_name text, part integer, sub_owner text, max_count integer, lease_ms bigint)
 RETURNS TABLE ("position" bigint, transaction_id xid8, topic text, type text, key text,
                message_id text, data jsonb, headers jsonb, created_at timestamptz,
@@ -122,5 +124,50 @@ BEGIN
            target_floor = NULL, target_cluster = NULL, legacy_transaction_id = NULL, legacy_position = NULL,
            progress = 0, single_until = NULL
      WHERE p.subscription = sub_name AND p.partition = part;
+  END IF;
+END $$;
+
+-- An append gives its transaction an id before any position is taken (the rounds rely on it),
+-- and marks the transaction as an open appender of the topic (a shared advisory lock), so that
+-- lag can name it.
+CREATE OR REPLACE FUNCTION {{schema}}.append_many(
+  msg_topic text, msg_types text[], msg_data jsonb[], msg_keys text[], msg_ids text[], msg_headers jsonb[])
+RETURNS TABLE (message_id text, "position" bigint, transaction_id xid8)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+  IF cardinality(msg_types) IS DISTINCT FROM cardinality(msg_data)
+     OR cardinality(msg_types) IS DISTINCT FROM cardinality(msg_keys)
+     OR cardinality(msg_types) IS DISTINCT FROM cardinality(msg_ids)
+     OR cardinality(msg_types) IS DISTINCT FROM cardinality(msg_headers) THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = 'append_many needs arrays of one length';
+  END IF;
+  IF length(msg_topic) > 200 OR msg_topic !~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$' THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format(
+      'topic must be 1 to 200 letters, digits or _ . : - (not starting with . : -), not %L', msg_topic);
+  END IF;
+  PERFORM pg_current_xact_id();
+  PERFORM pg_advisory_xact_lock_shared(hashtext('ordo_outbox_open.{{schema_name}}'), hashtext(msg_topic));
+  -- Without message ids there is nothing to conflict on, and a plain insert spares each row
+  -- the speculative insertion of ON CONFLICT (a lock and one more WAL record per row).
+  IF cardinality(array_remove(msg_ids, NULL)) = 0 THEN
+    RETURN QUERY
+      INSERT INTO {{schema}}.messages AS m (topic, type, data, key, headers)
+      SELECT msg_topic, t.type, t.data, t.key, coalesce(t.headers, '{}')
+        FROM unnest(msg_types, msg_data, msg_keys, msg_headers) WITH ORDINALITY AS t (type, data, key, headers, n)
+       ORDER BY t.n
+      RETURNING m.message_id, m.position, m.transaction_id;
+  ELSE
+    RETURN QUERY
+      INSERT INTO {{schema}}.messages AS m (topic, type, data, key, message_id, headers)
+      SELECT msg_topic, t.type, t.data, t.key, t.message_id, coalesce(t.headers, '{}')
+        FROM unnest(msg_types, msg_data, msg_keys, msg_ids, msg_headers) WITH ORDINALITY
+             AS t (type, data, key, message_id, headers, n)
+       ORDER BY t.n
+      ON CONFLICT (topic, message_id) WHERE message_id IS NOT NULL DO NOTHING
+      RETURNING m.message_id, m.position, m.transaction_id;
+  END IF;
+  IF pg_try_advisory_xact_lock(hashtext('ordo_outbox.{{schema_name}}'), hashtext(msg_topic)) THEN
+    PERFORM pg_notify('ordo_outbox.{{schema_name}}', msg_topic);
   END IF;
 END $$;
