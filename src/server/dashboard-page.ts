@@ -130,7 +130,8 @@ th, td { text-align: left; padding: 0.25rem 0.4rem; border-bottom: 1px solid var
 th { color: var(--muted); font-weight: 600; white-space: nowrap; }
 .num { text-align: right; font-variant-numeric: tabular-nums; }
 td.num, td.short { white-space: nowrap; overflow-wrap: normal; }
-.blocker { margin: 0.5rem 0; padding: 0.4rem 0.6rem; border: 1px solid var(--bad); border-left-width: 4px; border-radius: 6px; }
+.blocker { margin: 0.5rem 0; padding: 0.4rem 0.6rem; border: 1px solid var(--line); border-left-width: 4px; border-radius: 6px; }
+.blocker.holding { border-color: var(--warn); }
 .blocker p { margin: 0.15rem 0; }
 meter { width: 4.5rem; vertical-align: middle; margin-right: 0.35rem; }
 details { margin: 0.5rem 0; }

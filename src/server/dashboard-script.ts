@@ -21,6 +21,11 @@ export const DASHBOARD_SCRIPT = String.raw`'use strict';
     queued: 'queued: others were waiting first',
   };
   var RESETS = { day: 'daily', week: 'weekly', month: 'monthly', year: 'yearly' };
+  /**
+   * An appender open this briefly is a commit on its way, not one holding messages back: on a
+   * busy topic one is caught at almost every reading. Counted among the open appenders only.
+   */
+  var BLOCKER_AFTER_MS = 1000;
 
   var meta = document.querySelector('meta[name="ordo-auth"]');
   var needsToken = meta !== null && meta.getAttribute('content') === 'bearer';
@@ -232,9 +237,17 @@ export const DASHBOARD_SCRIPT = String.raw`'use strict';
 
   function subscriptionCard(s, snap) {
     var now = Date.parse(snap.at);
-    var state = s.blockedBy
-      ? tag('waiting for an open transaction', 'bad')
-      : s.messagesBehind > 0 ? tag('behind', 'warn') : tag('up to date', 'good');
+    // Lag counts committed messages only, and an open transaction holds back its own messages,
+    // nothing committed (delivery is in commit order). So a subscription waits for the open
+    // transaction when every committed message is delivered and the transaction appended to its
+    // topic (and has been open for a while); one that is behind is behind for its consumer's
+    // sake, whatever is open.
+    var blocker = s.blockedBy !== null && !(s.blockedBy.openForMs !== null && s.blockedBy.openForMs < BLOCKER_AFTER_MS)
+      ? s.blockedBy : null;
+    var waitsForIt = blocker !== null && s.messagesBehind === 0;
+    var state = s.messagesBehind > 0
+      ? tag('behind', 'warn')
+      : waitsForIt ? tag('waiting for an open transaction', 'warn') : tag('up to date', 'good');
     var card = h('article', { class: 'card', 'data-subscription': s.name },
       h('h3', null, s.name, state, s.attempts > 0 ? tag('failing', 'bad') : null,
         s.deadLettered > 0 ? tag(num(s.deadLettered) + ' dead', 'warn') : null),
@@ -249,12 +262,16 @@ export const DASHBOARD_SCRIPT = String.raw`'use strict';
         s.attempts > 0 ? ['Failing', 'attempt ' + s.attempts + (s.lastError ? ': ' + s.lastError : '')] : null,
         s.waiting > 0 ? ['Open appenders', num(s.waiting) + ' open transaction' + (s.waiting === 1 ? '' : 's') + ' appended to the topic'] : null,
       ]));
-    if (s.blockedBy) {
-      var b = s.blockedBy;
-      add(card, h('div', { class: 'blocker', 'data-blocker': '' },
-        h('p', null, h('strong', null, 'Held back by an open transaction: '), transaction(b)),
+    if (blocker) {
+      var b = blocker;
+      add(card, h('div', { class: 'blocker' + (waitsForIt ? ' holding' : ''), 'data-blocker': waitsForIt ? 'holding' : 'open' },
+        h('p', null, h('strong', null, waitsForIt
+          ? 'Its next messages are held back by an open transaction: '
+          : 'An open transaction appended to the topic: '), transaction(b)),
         h('p', null, 'open for ' + duration(b.openForMs) + ' \u00b7 ' + num(b.xidAge) + (b.xidAge === 1 ? ' transaction' : ' transactions') + ' begun since'),
-        h('p', { class: 'def' }, 'Its messages are delivered once it commits; end it to let them through.')));
+        h('p', { class: 'def' }, waitsForIt
+          ? 'Every committed message is delivered; its messages come once it commits.'
+          : 'Its messages come once it commits; the ' + num(s.messagesBehind) + ' behind are committed and wait for the consumer, not for it.')));
     }
     add(card, sparkline(s.history, 'Messages delivered per second', snap.windowMs));
     if (s.partitions.length > 1) {
