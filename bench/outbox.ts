@@ -1,5 +1,7 @@
+import { spawn } from 'node:child_process';
 import { createHistogram, performance, type RecordableHistogram } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { createOrdo, type Ordo, type OutboxMessage, type Subscription } from '../src/index.js';
 import {
@@ -733,39 +735,49 @@ async function latency(ctx: BenchContext, admin: pg.Pool, ordo: Ordo): Promise<T
 // ─── (e) partitions ──────────────────────────────────────────────────────────────────────
 
 const PARTITION_BACKLOG = 1_000;
+const PARTITION_WORKER = 'bench/outbox-partition-worker.ts';
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const SLOW_HANDLER_MS = 50;
 
 /**
  * A slow handler (SLOW_HANDLER_MS per batch of 10): the same backlog read by a subscription of
- * one partition and by one of four, each with two instances (two Ordo clients, pools and LISTEN
- * connections of their own) sharing it.
+ * one partition and by one of four, each with two instances in processes of their own
+ * (bench/outbox-partition-worker.ts) sharing it.
  */
 async function partitionRate(ctx: BenchContext, ordo: Ordo, partitions: number): Promise<number> {
   const topic = `bench-partitions-${partitions}`;
-  const instances = await Promise.all([0, 1].map((i) => ordoOn(ctx, 4, `partitions-${partitions}-${i}`)));
   let handled = 0;
   let done!: () => void;
   const finished = new Promise<void>((resolve) => {
     done = resolve;
   });
-  const subs = await Promise.all(
-    instances.map(({ ordo: o }) =>
-      o.outbox.subscribe({
-        name: topic,
-        topic,
-        partitions,
-        batchSize: 10,
-        lease: '3s',
-        pollInterval: '100ms',
-        handler: async (batch: OutboxMessage[]) => {
-          await sleep(SLOW_HANDLER_MS);
-          handled += batch.length;
-          if (handled >= PARTITION_BACKLOG) done();
-        },
-      }),
+  const children = [0, 1].map(() =>
+    spawn(
+      process.execPath,
+      ['--import', 'tsx', PARTITION_WORKER, ctx.url, topic, String(partitions), String(SLOW_HANDLER_MS)],
+      { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit', 'ipc'] },
     ),
   );
+  const kill = () => {
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill();
+  };
+  ctx.signal.addEventListener('abort', kill, { once: true });
   try {
+    await Promise.all(
+      children.map(
+        (child) =>
+          new Promise<void>((resolve, reject) => {
+            child.once('exit', (code) =>
+              reject(new Error(`a partitions worker exited (${code}) before it was ready`)),
+            );
+            child.on('message', (m: { ready?: boolean; handled?: number }) => {
+              if (m.ready) resolve();
+              handled += m.handled ?? 0;
+              if (handled >= PARTITION_BACKLOG) done();
+            });
+          }),
+      ),
+    );
     // Let the instances share the partitions out (a heartbeat is a third of the lease).
     await sleep(2_500);
     for (let i = 0; i < PARTITION_BACKLOG; i += 200) {
@@ -778,11 +790,17 @@ async function partitionRate(ctx: BenchContext, ordo: Ordo, partitions: number):
     await Promise.race([finished, sleep(120_000, undefined, { signal: ctx.signal })]);
     return (handled * 1000) / (performance.now() - started);
   } finally {
-    await Promise.all(subs.map((s) => s.stop()));
-    for (const i of instances) {
-      await i.ordo.close();
-      await i.pool.end();
-    }
+    ctx.signal.removeEventListener('abort', kill);
+    await Promise.all(
+      children.map(
+        (c) =>
+          new Promise<void>((resolve) => {
+            if (c.exitCode !== null || c.signalCode !== null) return resolve();
+            c.once('exit', () => resolve());
+            c.send('stop');
+          }),
+      ),
+    );
   }
 }
 
@@ -803,7 +821,7 @@ async function partitionThroughput(ctx: BenchContext, ordo: Ordo): Promise<Table
       ['4', fmt.int(four), `${ratio.toFixed(2)}× ${ratio >= 3.5 ? '✓' : '✗'} (goal ≥ 3.5×)`],
     ],
     notes: [
-      'every message its own key; two instances (two Ordo clients in this process, each with its own pool and LISTEN connection) subscribe to one',
+      'every message its own key; two instances (two processes, each with its own pool and LISTEN connection) subscribe to one',
       '  subscription; with one partition one of them reads, with four each takes two. Timed from the last append to the',
       '  last message handled; the backlog is appended after the instances have shared the partitions out.',
     ],
