@@ -21,9 +21,14 @@ export function invalid(message: string): OrdoError {
   return new OrdoError('invalid_argument', message);
 }
 
+/** Whether `value` is a name identifier() accepts. */
+export function isIdentifier(value: unknown): value is string {
+  return typeof value === 'string' && IDENTIFIER.test(value);
+}
+
 /** Names of sequences, schemas, … : never spliced into SQL unless they pass this. */
 export function identifier(what: string, value: unknown): string {
-  if (typeof value !== 'string' || !IDENTIFIER.test(value)) {
+  if (!isIdentifier(value)) {
     throw invalid(
       `${what} must be an identifier: a letter or underscore, then letters, digits or underscores, at most 63 characters (got ${describe(value)})`,
     );

@@ -7,6 +7,7 @@ import { parseStatements } from '../src/query/parser.js';
 import {
   type DefineSequenceStatement,
   defineStatementText,
+  type InvalidValue,
   KEYWORDS,
   type PrintableDefinition,
   type Statement,
@@ -37,6 +38,9 @@ function define(rest: Partial<DefineSequenceStatement> & { name: string }): Stat
 
 const NAME_RULE =
   'sequence name must be an identifier: a letter or underscore, then letters, digits or underscores, at most 63 characters';
+const NEXTVAL_ARGUMENTS = 'Incorrect arguments for function sequence::nextval()(). Expect a sequence name';
+const first = (message: string): InvalidValue => ({ message, when: 'first' });
+const ifAbsent = (message: string): InvalidValue => ({ message, when: 'if_absent' });
 const CLAUSE_LIST =
   "BATCH, START, TIMEOUT, GAPLESS, INCREMENT, MAXVALUE, CYCLE, RESET, TIMEZONE, FORMAT, ';' or end of input";
 
@@ -377,9 +381,15 @@ describe('parseStatements', () => {
         define({ name: 'a', batch: 10, start: 5 }),
         { kind: 'nextval', name: 'a' },
       ]);
-      expect(parseError(['INFO FOR DB;', '', '  DEFINE SEQUENCE b BATCH 0;'].join(eol))).toBe(
-        "BATCH must be a whole number from 1 to 1000000, found '0' at 3:27",
+      expect(parseError(['INFO FOR DB;', '', '  DEFINE SEQUENCE b BATCH ten;'].join(eol))).toBe(
+        "Parse error: expected BATCH's value, a whole number from 1 to 1000000, found 'ten' at 3:27",
       );
+      expect(
+        parseStatements(['INFO FOR DB;', '', '  DEFINE SEQUENCE b BATCH 0;'].join(eol))[1]!.invalid,
+      ).toEqual({
+        message: "BATCH must be a whole number from 1 to 1000000, found '0' at 3:27",
+        when: 'if_absent',
+      });
     }
   });
 });
@@ -438,78 +448,46 @@ describe('parse errors', () => {
       "DEFINE SEQUENCE s TIMEZONE 'UTC' timezone 'UTC'",
       'Parse error: TIMEZONE may be given only once, found a second TIMEZONE at 1:34',
     ],
-    // numbers
-    ['DEFINE SEQUENCE mySeq3 BATCH 0', "BATCH must be a whole number from 1 to 1000000, found '0' at 1:30"],
+    // values: what is no value at all, or a number SurrealDB's lexer would not read
     [
-      'DEFINE SEQUENCE s BATCH 1000001',
-      "BATCH must be a whole number from 1 to 1000000, found '1000001' at 1:25",
-    ],
-    ['DEFINE SEQUENCE s BATCH -1', "BATCH must be a whole number from 1 to 1000000, found '-1' at 1:25"],
-    ['DEFINE SEQUENCE s BATCH 1.5', "BATCH must be a whole number from 1 to 1000000, found '1.5' at 1:25"],
-    ['DEFINE SEQUENCE s BATCH 1e3', "BATCH must be a whole number from 1 to 1000000, found '1e3' at 1:25"],
-    ['DEFINE SEQUENCE s BATCH ten', "BATCH must be a whole number from 1 to 1000000, found 'ten' at 1:25"],
-    ['DEFINE SEQUENCE s BATCH', 'BATCH must be a whole number from 1 to 1000000, found end of input at 1:24'],
-    ['DEFINE SEQUENCE s BATCH;', "BATCH must be a whole number from 1 to 1000000, found ';' at 1:24"],
-    [
-      'DEFINE SEQUENCE s START 9007199254740992',
-      "START must be a whole number from -9007199254740991 to 9007199254740991, found '9007199254740992' at 1:25",
+      'DEFINE SEQUENCE s BATCH ten',
+      "Parse error: expected BATCH's value, a whole number from 1 to 1000000, found 'ten' at 1:25",
     ],
     [
-      'DEFINE SEQUENCE s START -9007199254740992',
-      "START must be a whole number from -9007199254740991 to 9007199254740991, found '-9007199254740992' at 1:25",
+      'DEFINE SEQUENCE s BATCH',
+      "Parse error: expected BATCH's value, a whole number from 1 to 1000000, found end of input at 1:24",
+    ],
+    [
+      'DEFINE SEQUENCE s BATCH;',
+      "Parse error: expected BATCH's value, a whole number from 1 to 1000000, found ';' at 1:24",
     ],
     [
       'DEFINE SEQUENCE s START - 5',
-      "START must be a whole number from -9007199254740991 to 9007199254740991, found '-' at 1:25",
-    ],
-    [
-      "DEFINE SEQUENCE s START '5'",
-      "START must be a whole number from -9007199254740991 to 9007199254740991, found string '5' at 1:25",
-    ],
-    [
-      'DEFINE SEQUENCE s INCREMENT 0',
-      "INCREMENT must be a whole number from 1 to 9007199254740991, found '0' at 1:29",
+      "Parse error: expected START's value, a whole number from -9007199254740991 to 9007199254740991, found '-' at 1:25",
     ],
     [
       'DEFINE SEQUENCE s MAXVALUE max',
-      "MAXVALUE must be a whole number from -9007199254740991 to 9007199254740991, found 'max' at 1:28",
-    ],
-    // durations
-    [
-      'DEFINE SEQUENCE s TIMEOUT 5',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5' at 1:27",
+      "Parse error: expected MAXVALUE's value, a whole number from -9007199254740991 to 9007199254740991, found 'max' at 1:28",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT 5x',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5x' at 1:27",
+      "Parse error: expected TIMEOUT's value, a duration such as 5s, 100ms or 1m30s, or NONE, found '5x' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT 5S',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5S' at 1:27",
+      "Parse error: expected TIMEOUT's value, a duration such as 5s, 100ms or 1m30s, or NONE, found '5S' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT 1.5s',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '1.5s' at 1:27",
-    ],
-    [
-      'DEFINE SEQUENCE s TIMEOUT -1s',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '-1s' at 1:27",
-    ],
-    [
-      "DEFINE SEQUENCE s TIMEOUT '5s'",
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found string '5s' at 1:27",
+      "Parse error: expected TIMEOUT's value, a duration such as 5s, 100ms or 1m30s, or NONE, found '1.5s' at 1:27",
     ],
     [
       'DEFINE SEQUENCE s TIMEOUT s',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found 's' at 1:27",
+      "Parse error: expected TIMEOUT's value, a duration such as 5s, 100ms or 1m30s, or NONE, found 's' at 1:27",
     ],
     [
-      'DEFINE SEQUENCE s TIMEOUT 300000y',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '300000y' at 1:27",
-    ],
-    [
-      'ALTER SEQUENCE s TIMEOUT 5 ',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5' at 1:26",
+      'ALTER SEQUENCE s TIMEOUT 5s5',
+      "Parse error: expected TIMEOUT's value, a duration such as 5s, 100ms or 1m30s, or NONE, found '5s5' at 1:26",
     ],
     // RESET, TIMEZONE, FORMAT
     [
@@ -522,30 +500,12 @@ describe('parse errors', () => {
     ],
     [
       'DEFINE SEQUENCE s TIMEZONE Europe',
-      "TIMEZONE must be a quoted IANA time zone name of 1 to 64 characters, such as 'Europe/Paris', found 'Europe' at 1:28",
+      "Parse error: expected TIMEZONE's value, a quoted IANA time zone name of 1 to 64 characters, such as 'Europe/Paris', found 'Europe' at 1:28",
     ],
     [
-      "DEFINE SEQUENCE s TIMEZONE ''",
-      "TIMEZONE must be a quoted IANA time zone name of 1 to 64 characters, such as 'Europe/Paris', found string '' at 1:28",
+      'DEFINE SEQUENCE s FORMAT INV',
+      "Parse error: expected FORMAT's value, a quoted text such as 'INV-{YYYY}-{n:6}', found 'INV' at 1:26",
     ],
-    [
-      'DEFINE SEQUENCE s FORMAT 12',
-      "FORMAT must be a quoted text such as 'INV-{YYYY}-{n:6}', found '12' at 1:26",
-    ],
-    [
-      "DEFINE SEQUENCE s FORMAT 'INV-{YYYY}'",
-      "format must contain {n} or {n:W}, or two numbers would read the same (got 'INV-{YYYY}') at 1:26",
-    ],
-    [
-      "DEFINE SEQUENCE s\n  FORMAT 'INV-{Q}-{n}'",
-      `format has an unknown token {Q}; braces only enclose the tokens ${FORMAT_TOKENS.join(' ')} (W: a width from 1 to 20) at 2:10`,
-    ],
-    // names
-    ['DEFINE SEQUENCE `my-seq`', `${NAME_RULE} (got "my-seq") at 1:17`],
-    ['DEFINE SEQUENCE ⟨9lives⟩', `${NAME_RULE} (got "9lives") at 1:17`],
-    ['REMOVE SEQUENCE ``', `${NAME_RULE} (got "") at 1:17`],
-    [`DEFINE SEQUENCE ${'a'.repeat(64)}`, `${NAME_RULE} (got "${'a'.repeat(64)}") at 1:17`],
-    ["sequence::nextval('a b')", `${NAME_RULE} (got "a b") at 1:19`],
     // ALTER, REMOVE
     ['ALTER TABLE s', "Parse error: expected SEQUENCE, found 'TABLE' at 1:7"],
     ['ALTER SEQUENCE', 'Parse error: expected a sequence name, found end of input at 1:15'],
@@ -564,14 +524,14 @@ describe('parse errors', () => {
     ['REMOVE SEQUENCE s t', "Parse error: expected ';' or end of input, found 't' at 1:19"],
     // nextval
     ['RETURN 5', "Parse error: expected INFO FOR DB or sequence::nextval, found '5' at 1:8"],
+    [
+      'sequence::nextval(5x)',
+      "Parse error: expected the sequence name as a quoted string, found '5x' at 1:19",
+    ],
+    ['sequence::nextval(;)', "Parse error: expected the sequence name as a quoted string, found ';' at 1:19"],
     ["sequence:nextval('a')", "Parse error: expected '::', found ':' at 1:9"],
     ["sequence::next('a')", "Parse error: expected nextval, found 'next' at 1:11"],
     ["sequence::nextval 'a'", "Parse error: expected '(', found string 'a' at 1:19"],
-    ['sequence::nextval(a)', "Parse error: expected the sequence name as a quoted string, found 'a' at 1:19"],
-    [
-      'sequence::nextval(`a`)',
-      "Parse error: expected the sequence name as a quoted string, found '`a`' at 1:19",
-    ],
     ["sequence::nextval('a'", "Parse error: expected ')', found end of input at 1:22"],
     ["sequence::nextval('a', 'b')", "Parse error: expected ')', found ',' at 1:22"],
     ["sequence::nextval('a') + 1", "Parse error: expected ';' or end of input, found '+' at 1:24"],
@@ -588,8 +548,9 @@ describe('parse errors', () => {
     // LET and parameters
     ['LET x = 1', "Parse error: expected a parameter such as $name, found 'x' at 1:5"],
     ['LET $x 1', "Parse error: expected '=', found '1' at 1:8"],
-    ['LET $x = abc', "LET takes a string, a number, a duration or NONE, found 'abc' at 1:10"],
-    ['LET $x = (1)', "LET takes a string, a number, a duration or NONE, found '(' at 1:10"],
+    ['LET $x = abc', "LET takes a string, a number, a duration, NONE or NULL, found 'abc' at 1:10"],
+    ['LET $x = (1)', "LET takes a string, a number, a duration, NONE or NULL, found '(' at 1:10"],
+    ['LET $x = 5x', "Parse error: expected a string, a number, a duration, NONE or NULL, found '5x' at 1:10"],
     ['LET $x = 1 2', "Parse error: expected ';' or end of input, found '2' at 1:12"],
     [
       'DEFINE SEQUENCE $nope',
@@ -598,27 +559,6 @@ describe('parse errors', () => {
     [
       'DEFINE SEQUENCE $x; LET $x = "a"',
       "Parse error: $x has no value: give it one with LET $x = … before it, found '$x' at 1:17",
-    ],
-    ['LET $n = 5; DEFINE SEQUENCE $n', "Parse error: expected a sequence name, found '$n' ('5') at 1:29"],
-    [
-      'LET $n = NONE; DEFINE SEQUENCE $n',
-      "Parse error: expected a sequence name, found '$n' ('NONE') at 1:32",
-    ],
-    [
-      "LET $n = 'a b'; REMOVE SEQUENCE $n",
-      'sequence name must be an identifier: a letter or underscore, then letters, digits or underscores, at most 63 characters (got "a b") at 1:33',
-    ],
-    [
-      "LET $b = 'x'; DEFINE SEQUENCE s BATCH $b",
-      "BATCH must be a whole number from 1 to 1000000, found '$b' (string 'x') at 1:39",
-    ],
-    [
-      'LET $t = 5; DEFINE SEQUENCE s TIMEOUT $t',
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '$t' ('5') at 1:39",
-    ],
-    [
-      'LET $n = 5; sequence::nextval($n)',
-      "Parse error: expected the sequence name as a quoted string, found '$n' ('5') at 1:31",
     ],
     // lexical errors
     ["DEFINE SEQUENCE s FORMAT 'INV-{n}", 'Parse error: unterminated string starting at 1:26'],
@@ -639,8 +579,8 @@ describe('parse errors', () => {
 
   it('points at line 3 of multi-line input', () => {
     const head = 'DEFINE SEQUENCE a BATCH 10;\n-- second line\n';
-    expect(parseError(`${head}  DEFINE SEQUENCE b BATCH 0;`)).toBe(
-      "BATCH must be a whole number from 1 to 1000000, found '0' at 3:27",
+    expect(parseError(`${head}  DEFINE SEQUENCE b BATCH;`)).toBe(
+      "Parse error: expected BATCH's value, a whole number from 1 to 1000000, found ';' at 3:26",
     );
     expect(parseError(`${head}  SELECT 1`)).toBe(
       "Parse error: expected DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval, found 'SELECT' at 3:3",
@@ -648,13 +588,15 @@ describe('parse errors', () => {
     expect(parseError(`${head}DEFINE SEQUENCE ;`)).toBe(
       "Parse error: expected a sequence name, found ';' at 3:17",
     );
-    expect(parseError(`${head}DEFINE SEQUENCE b\tTIMEOUT 5`)).toBe(
-      "TIMEOUT must be a duration such as 5s, 100ms or 1m30s, or NONE, found '5' at 3:27",
+    expect(parseError(`${head}DEFINE SEQUENCE b\tTIMEOUT 5x`)).toBe(
+      "Parse error: expected TIMEOUT's value, a duration such as 5s, 100ms or 1m30s, or NONE, found '5x' at 3:27",
     );
     expect(parseError(`${head}DEFINE SEQUENCE b START 1 START 2`)).toBe(
       'Parse error: START may be given only once, found a second START at 3:27',
     );
-    expect(parseError(`${head}REMOVE SEQUENCE \`x-y\``)).toBe(`${NAME_RULE} (got "x-y") at 3:17`);
+    expect(parseStatements(`${head}DEFINE SEQUENCE \`x-y\``)[1]!.invalid?.message).toBe(
+      `${NAME_RULE} (got "x-y") at 3:17`,
+    );
     expect(parseError(`${head}sequence::nextval('a\n\nb`)).toBe(
       'Parse error: unterminated string starting at 3:19',
     );
@@ -667,7 +609,8 @@ describe('parse errors', () => {
   it('never returns part of the statements: the whole text is refused', () => {
     const good = 'DEFINE SEQUENCE a BATCH 10; REMOVE SEQUENCE b;\n';
     for (const bad of [
-      'DEFINE SEQUENCE c BATCH 0',
+      'DEFINE SEQUENCE c BATCH ten',
+      'DEFINE SEQUENCE c TIMEOUT 5x',
       'SELECT 1',
       "sequence::nextval('x",
       '/* open',
@@ -678,14 +621,168 @@ describe('parse errors', () => {
     }
   });
 
-  it('reports the first error in reading order', () => {
+  it('reports the first error in reading order; a value a statement cannot use is none', () => {
+    expect(parseError("DEFINE SEQUENCE a BATCH ten; sequence::nextval('x")).toBe(
+      "Parse error: expected BATCH's value, a whole number from 1 to 1000000, found 'ten' at 1:25",
+    );
     expect(parseError("DEFINE SEQUENCE a BATCH 0; sequence::nextval('x")).toBe(
-      "BATCH must be a whole number from 1 to 1000000, found '0' at 1:25",
+      'Parse error: unterminated string starting at 1:46',
     );
   });
 
   it('refuses what is not a text', () => {
     expect(refusal(() => parseStatements(42 as unknown as string)).message).toBe('statements must be a text');
+  });
+});
+
+describe('values a statement cannot use: it parses, and fails alone when it runs', () => {
+  const NUMBER_RULE = 'must be a whole number from -9007199254740991 to 9007199254740991';
+  const cases: [string, InvalidValue][] = [
+    // of the wrong kind: SurrealDB's words, before anything else
+    ['DEFINE SEQUENCE s TIMEOUT 5', first('Could not cast into `duration` using input `5`')],
+    ['DEFINE SEQUENCE s TIMEOUT 1.5', first('Could not cast into `duration` using input `1.5f`')],
+    ["DEFINE SEQUENCE s TIMEOUT 'abc'", first("Could not cast into `duration` using input `'abc'`")],
+    ['DEFINE SEQUENCE s TIMEOUT NULL', first('Could not cast into `duration` using input `NULL`')],
+    ['DEFINE SEQUENCE s TIMEOUT -1s', first("Cannot negate the value '1s'")],
+    ['DEFINE SEQUENCE s BATCH 1.5', first('Could not cast into `int` using input `1.5f`')],
+    ['DEFINE SEQUENCE s BATCH 5s', first('Could not cast into `int` using input `5s`')],
+    ["DEFINE SEQUENCE s BATCH 'x'", first("Could not cast into `int` using input `'x'`")],
+    ['DEFINE SEQUENCE s BATCH "it\'s"', first('Could not cast into `int` using input `"it\'s"`')],
+    ['DEFINE SEQUENCE s START NONE', first('Could not cast into `int` using input `NONE`')],
+    ["DEFINE SEQUENCE s START '1.5'", first("Could not cast into `int` using input `'1.5'`")],
+    ['DEFINE SEQUENCE s START -5s', first("Cannot negate the value '5s'")],
+    ["LET $b = 'x'; DEFINE SEQUENCE s BATCH $b", first("Could not cast into `int` using input `'x'`")],
+    ['LET $t = 5; DEFINE SEQUENCE s TIMEOUT $t', first('Could not cast into `duration` using input `5`')],
+    ['LET $n = 5; DEFINE SEQUENCE $n', first('Expected `sequence name` but found `5`')],
+    ['LET $n = NONE; DEFINE SEQUENCE $n', first('Expected `sequence name` but found `NONE`')],
+    ['LET $n = 1.5; REMOVE SEQUENCE $n', first('Expected `sequence name` but found `1.5f`')],
+    ['sequence::nextval(a)', first(NEXTVAL_ARGUMENTS)],
+    ['sequence::nextval(`a`)', first(NEXTVAL_ARGUMENTS)],
+    ['sequence::nextval(5)', first(NEXTVAL_ARGUMENTS)],
+    ['sequence::nextval(NONE)', first(NEXTVAL_ARGUMENTS)],
+    ['sequence::nextval()', first(NEXTVAL_ARGUMENTS)],
+    ['LET $n = 5; sequence::nextval($n)', first(NEXTVAL_ARGUMENTS)],
+    [
+      'DEFINE SEQUENCE s FORMAT 12',
+      first("FORMAT must be a quoted text such as 'INV-{YYYY}-{n:6}', found '12' at 1:26"),
+    ],
+    [
+      'DEFINE SEQUENCE s TIMEZONE 5',
+      first(
+        "TIMEZONE must be a quoted IANA time zone name of 1 to 64 characters, such as 'Europe/Paris', found '5' at 1:28",
+      ),
+    ],
+    // out of ordo's bounds: once DEFINE has found no such sequence
+    [
+      'DEFINE SEQUENCE mySeq3 BATCH 0',
+      ifAbsent("BATCH must be a whole number from 1 to 1000000, found '0' at 1:30"),
+    ],
+    [
+      'DEFINE SEQUENCE s BATCH 1000001',
+      ifAbsent("BATCH must be a whole number from 1 to 1000000, found '1000001' at 1:25"),
+    ],
+    [
+      'DEFINE SEQUENCE s BATCH -1',
+      ifAbsent("BATCH must be a whole number from 1 to 1000000, found '-1' at 1:25"),
+    ],
+    [
+      'LET $b = 0; DEFINE SEQUENCE s BATCH $b',
+      ifAbsent("BATCH must be a whole number from 1 to 1000000, found '$b' ('0') at 1:37"),
+    ],
+    [
+      'DEFINE SEQUENCE s START 9007199254740992',
+      ifAbsent(`START ${NUMBER_RULE}, found '9007199254740992' at 1:25`),
+    ],
+    [
+      'DEFINE SEQUENCE s START -9007199254740992',
+      ifAbsent(`START ${NUMBER_RULE}, found '-9007199254740992' at 1:25`),
+    ],
+    [
+      'DEFINE SEQUENCE s MAXVALUE 99999999999999999999999',
+      ifAbsent(`MAXVALUE ${NUMBER_RULE}, found '99999999999999999999999' at 1:28`),
+    ],
+    [
+      'DEFINE SEQUENCE s INCREMENT 0',
+      ifAbsent("INCREMENT must be a whole number from 1 to 9007199254740991, found '0' at 1:29"),
+    ],
+    [
+      'DEFINE SEQUENCE s TIMEOUT 300000y',
+      ifAbsent(`TIMEOUT: duration must be at most 285616y21w4d8h59m991ms (got "300000y") at 1:27`),
+    ],
+    [
+      "DEFINE SEQUENCE s TIMEZONE ''",
+      ifAbsent(
+        "TIMEZONE must be a quoted IANA time zone name of 1 to 64 characters, such as 'Europe/Paris', found string '' at 1:28",
+      ),
+    ],
+    [
+      "DEFINE SEQUENCE s FORMAT 'INV-{YYYY}'",
+      ifAbsent(
+        "format must contain {n} or {n:W}, or two numbers would read the same (got 'INV-{YYYY}') at 1:26",
+      ),
+    ],
+    [
+      "DEFINE SEQUENCE s\n  FORMAT 'INV-{Q}-{n}'",
+      ifAbsent(
+        `format has an unknown token {Q}; braces only enclose the tokens ${FORMAT_TOKENS.join(' ')} (W: a width from 1 to 20) at 2:10`,
+      ),
+    ],
+    ['DEFINE SEQUENCE `my-seq`', ifAbsent(`${NAME_RULE} (got "my-seq") at 1:17`)],
+    ['DEFINE SEQUENCE "my seq"', ifAbsent(`${NAME_RULE} (got "my seq") at 1:17`)],
+    ['DEFINE SEQUENCE ⟨9lives⟩', ifAbsent(`${NAME_RULE} (got "9lives") at 1:17`)],
+    [`DEFINE SEQUENCE ${'a'.repeat(64)}`, ifAbsent(`${NAME_RULE} (got "${'a'.repeat(64)}") at 1:17`)],
+    // ALTER looks the sequence up first
+    [
+      'ALTER SEQUENCE s TIMEOUT 5 ',
+      { message: 'Could not cast into `duration` using input `5`', when: 'if_present' },
+    ],
+    [
+      'ALTER SEQUENCE IF EXISTS s TIMEOUT 300000y',
+      {
+        message: 'TIMEOUT: duration must be at most 285616y21w4d8h59m991ms (got "300000y") at 1:36',
+        when: 'if_present',
+      },
+    ],
+  ];
+
+  it.each(cases)('%j', (text, invalid) => {
+    const statements = parseStatements(`${text}; INFO FOR DB`);
+    expect(statements.at(-2)!.invalid).toEqual(invalid);
+    expect(statements.at(-1)).toStrictEqual({ kind: 'info_for_db' });
+  });
+
+  it('a value of the wrong kind is the one reported, wherever it is (SurrealDB evaluates every value first)', () => {
+    expect(parseStatements('DEFINE SEQUENCE s BATCH 0 TIMEOUT 5')[0]!.invalid).toEqual(
+      first('Could not cast into `duration` using input `5`'),
+    );
+    expect(parseStatements('DEFINE SEQUENCE `a b` START 1.5')[0]!.invalid).toEqual(
+      first('Could not cast into `int` using input `1.5f`'),
+    );
+    expect(parseStatements('DEFINE SEQUENCE s BATCH 0 START -9007199254740992')[0]!.invalid).toEqual(
+      ifAbsent("BATCH must be a whole number from 1 to 1000000, found '0' at 1:25"),
+    );
+  });
+
+  it('casts as SurrealDB casts: whole numbers written as strings or floats, durations as strings', () => {
+    expect(
+      parseStatements(
+        "DEFINE SEQUENCE a BATCH '5' START '-5' TIMEOUT '1m30s'; DEFINE SEQUENCE b BATCH 1e3 START 5.0 TIMEOUT ' 5s'; DEFINE SEQUENCE c START '+7' TIMEOUT NONE",
+      ),
+    ).toStrictEqual([
+      define({ name: 'a', batch: 5, start: -5, timeoutMs: 90_000 }),
+      define({ name: 'b', batch: 1000, start: 5, timeoutMs: 5000 }),
+      define({ name: 'c', start: 7 }),
+    ]);
+  });
+
+  it('REMOVE, ALTER and nextval keep a name ordo does not allow: no sequence has it, so each answers as for a missing one', () => {
+    expect(
+      parseStatements("REMOVE SEQUENCE ``; ALTER SEQUENCE 'a b' TIMEOUT 5s; sequence::nextval('a b')"),
+    ).toStrictEqual([
+      { kind: 'remove_sequence', name: '', ifExists: false },
+      { kind: 'alter_sequence', name: 'a b', ifExists: false, timeoutMs: 5000 },
+      { kind: 'nextval', name: 'a b' },
+    ]);
   });
 });
 

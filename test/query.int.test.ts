@@ -90,11 +90,23 @@ describe('ordo.query (SurrealQL-compatible statements)', () => {
   });
 
   it('refuses text that does not parse, running none of it, with line:column', async () => {
-    const error = await ordo.query('DEFINE SEQUENCE fine;\nDEFINE SEQUENCE broken BATCH 0;').catch((e) => e);
+    const error = await ordo
+      .query('DEFINE SEQUENCE fine;\nDEFINE SEQUENCE broken BATCH ten;')
+      .catch((e) => e);
     expect(error).toBeInstanceOf(OrdoError);
     expect(error).toMatchObject({ code: 'invalid_argument' });
     expect(error.message).toContain('at 2:30');
     expect(await ordo.sequences.get('fine')).toBeNull();
+    // A value the statement cannot use is no syntax error: that statement fails, the others run.
+    expect(await ordo.query('DEFINE SEQUENCE fine;\nDEFINE SEQUENCE broken BATCH 0;')).toEqual([
+      { result: null },
+      {
+        error: "BATCH must be a whole number from 1 to 1000000, found '0' at 2:30",
+        code: 'invalid_argument',
+      },
+    ]);
+    expect(await ordo.sequences.get('fine')).not.toBeNull();
+    expect(await ordo.sequences.get('broken')).toBeNull();
     await expect(ordo.query('SELECT * FROM person')).rejects.toMatchObject({ code: 'invalid_argument' });
     expect(await ordo.query('DEFINE SEQUENCE g GAPLESS BATCH 5')).toEqual([
       { error: 'batch applies to batched sequences only', code: 'invalid_argument' },

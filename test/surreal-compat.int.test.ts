@@ -413,9 +413,64 @@ describe('as SurrealDB answers its own sequence tests', () => {
     `);
   });
 
+  it("a value a statement cannot use fails that statement alone, with SurrealDB's words; the others run", async () => {
+    const { answer, codes } = await sameAsSurreal(`
+      DEFINE SEQUENCE a TIMEOUT 5;
+      DEFINE SEQUENCE b BATCH 'x';
+      DEFINE SEQUENCE c START 1.5;
+      DEFINE SEQUENCE d TIMEOUT -5s;
+      LET $n = 5;
+      DEFINE SEQUENCE $n;
+      RETURN sequence::nextval($n);
+      RETURN sequence::nextval('no such sequence');
+      REMOVE SEQUENCE IF EXISTS 'no such sequence';
+      REMOVE SEQUENCE 'no such sequence';
+      DEFINE SEQUENCE fine BATCH '10' START 5.0 TIMEOUT '5s';
+      DEFINE SEQUENCE IF NOT EXISTS fine BATCH -1;
+      DEFINE SEQUENCE fine BATCH -1;
+      ALTER SEQUENCE IF EXISTS nope TIMEOUT 5;
+      ALTER SEQUENCE nope TIMEOUT 5;
+      ALTER SEQUENCE fine TIMEOUT 5;
+      RETURN sequence::nextval('fine');
+      (INFO FOR DB).sequences;
+    `);
+    expect(answer).toEqual([
+      { error: 'Could not cast into `duration` using input `5`' },
+      { error: "Could not cast into `int` using input `'x'`" },
+      { error: 'Could not cast into `int` using input `1.5f`' },
+      { error: "Cannot negate the value '5s'" },
+      { result: null },
+      { error: 'Expected `sequence name` but found `5`' },
+      { error: 'Incorrect arguments for function sequence::nextval()(). Expect a sequence name' },
+      { error: "The sequence 'no such sequence' does not exist" },
+      { result: null },
+      { error: "The sequence 'no such sequence' does not exist" },
+      { result: null },
+      { result: null },
+      { error: "The sequence 'fine' already exists" },
+      { result: null },
+      { error: "The sequence 'nope' does not exist" },
+      { error: 'Could not cast into `duration` using input `5`' },
+      { result: 5 },
+      { result: { fine: 'DEFINE SEQUENCE fine BATCH 10 START 5 TIMEOUT 5s' } },
+    ]);
+    const invalid = 'invalid_argument';
+    const missing = 'sequence_not_found';
+    for (const c of codes) {
+      expect(c).toEqual(
+        [invalid, invalid, invalid, invalid, invalid, invalid, missing, missing].concat([
+          'sequence_exists',
+          missing,
+          invalid,
+        ]),
+      );
+    }
+  });
+
   it('a text with a statement that does not parse runs none of it, on both', async () => {
     for (const text of [
       "DEFINE SEQUENCE fine; DEFINE SEQUENCE if; RETURN sequence::nextval('fine');",
+      'DEFINE SEQUENCE fine; DEFINE SEQUENCE other TIMEOUT 5x;',
       "DEFINE SEQUENCE fine; RETURN sequence::nextval('fine'); ALTER SEQUENCE fine TIMEOUT 5s DROP;",
       'DEFINE SEQUENCE fine; DEFINE SEQUENCE other BATCH 10 START 5 BATCH 3;',
       "DEFINE SEQUENCE fine; RETURN sequence::nextval('fine'; INFO FOR DB;",
@@ -584,6 +639,51 @@ describe('where ordo differs from SurrealDB on purpose', () => {
     opened.push(node);
     expect(values((await node.query(nextvals('part', 3))) as Answer)).toEqual([3, 4, 5]);
     await node.close();
+  });
+
+  it("values out of ordo's bounds fail their statement alone: BATCH 1 to 1,000,000, START within ±(2^53 − 1), names as identifiers", async () => {
+    const text = `
+      DEFINE SEQUENCE zero BATCH 0;
+      DEFINE SEQUENCE negative BATCH -1;
+      DEFINE SEQUENCE huge BATCH 5000000;
+      DEFINE SEQUENCE far START 9007199254740992;
+      DEFINE SEQUENCE "my seq";
+      DEFINE SEQUENCE later START 3;
+      RETURN sequence::nextval('later');
+      (INFO FOR DB).sequences.later;
+    `;
+    const rest = [{ result: null }, { result: 3 }, { result: 'DEFINE SEQUENCE later BATCH 1000 START 3' }];
+    // SurrealDB takes all but a negative batch (its batch is 0 to 2^32 − 1, its START any 64-bit number).
+    expect(await onSurreal(text)).toEqual([
+      { result: null },
+      {
+        error:
+          'Invalid query: `-1` is not valid batch size for a sequence definition. A batch size must be within 0..=4294967295',
+      },
+      { result: null },
+      { result: null },
+      { result: null },
+      ...rest,
+    ]);
+    for (const surface of surfaces) {
+      await surface.reset();
+      const codes: string[] = [];
+      expect(await surface.run(text, codes), surface.name).toEqual([
+        { error: "BATCH must be a whole number from 1 to 1000000, found '0' at 2:34" },
+        { error: "BATCH must be a whole number from 1 to 1000000, found '-1' at 3:38" },
+        { error: "BATCH must be a whole number from 1 to 1000000, found '5000000' at 4:34" },
+        {
+          error:
+            "START must be a whole number from -9007199254740991 to 9007199254740991, found '9007199254740992' at 5:33",
+        },
+        {
+          error:
+            'sequence name must be an identifier: a letter or underscore, then letters, digits or underscores, at most 63 characters (got "my seq") at 6:23',
+        },
+        ...rest,
+      ]);
+      expect(codes).toEqual(Array(5).fill('invalid_argument'));
+    }
   });
 
   it('never backwards once values were handed out (SurrealDB issue #7502): OVERWRITE to a lower START continues above them', async () => {

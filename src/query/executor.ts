@@ -1,12 +1,14 @@
 import { OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoError } from '../errors.js';
 import type { DefineSequenceOptions } from '../sequences/definitions.js';
 import type { Sequences } from '../sequences/sequences.js';
+import { isIdentifier } from '../validate.js';
 import { parseStatements } from './parser.js';
 import {
   type DefineSequenceStatement,
   definitionStructure,
   defineStatementText,
   INFO_SECTIONS,
+  type InvalidValue,
   type Statement,
 } from './statements.js';
 
@@ -21,8 +23,9 @@ export interface QueryTarget {
 
 /**
  * Runs `;`-separated statements one after another, as SurrealDB does: a statement that fails
- * does not stop the next one. Text that does not parse runs nothing and throws, as SurrealDB
- * refuses a whole text with a parse error.
+ * (a missing sequence, a timeout, a value it cannot use) does not stop the next one. Text
+ * that does not parse runs nothing and throws, as SurrealDB refuses a whole text with a parse
+ * error.
  */
 export async function executeQuery(target: QueryTarget, text: string): Promise<StatementResult[]> {
   if (typeof text !== 'string') throw new OrdoError('invalid_argument', 'the query must be a text');
@@ -40,29 +43,57 @@ export async function executeQuery(target: QueryTarget, text: string): Promise<S
 }
 
 async function run(target: QueryTarget, s: Statement): Promise<unknown> {
+  if (s.invalid) return refuse(target, s, s.invalid);
   switch (s.kind) {
     case 'define_sequence':
       await target.sequences.define(definition(s));
       return null;
     case 'alter_sequence':
       try {
+        if (!isIdentifier(s.name)) throw sequenceNotFound(s.name);
         if (s.timeoutMs !== undefined) await target.sequences.alterTimeout(s.name, s.timeoutMs);
-        else if ((await target.sequences.get(s.name)) === null) throw sequenceNotFound(s.name);
+        else if (!(await exists(target, s.name))) throw sequenceNotFound(s.name);
       } catch (e) {
         if (s.ifExists && e instanceof OrdoError && e.code === 'sequence_not_found') return null;
         throw e;
       }
       return null;
     case 'remove_sequence':
-      await target.sequences.remove(s.name, { ifExists: s.ifExists });
+      // A name ordo does not allow is no sequence's.
+      if (isIdentifier(s.name)) await target.sequences.remove(s.name, { ifExists: s.ifExists });
+      else if (!s.ifExists) throw sequenceNotFound(s.name);
       return null;
     case 'nextval':
+      if (!isIdentifier(s.name)) throw sequenceNotFound(s.name);
       return target.nextval(s.name);
     case 'let':
       return null;
     case 'info_for_db':
       return field(await info(target, s.structure === true), s.path ?? []);
   }
+}
+
+/**
+ * A statement with a value it cannot use fails with invalid_argument, after the checks
+ * SurrealDB makes before it looks at that value (see InvalidValue).
+ */
+async function refuse(target: QueryTarget, s: Statement, invalid: InvalidValue): Promise<null> {
+  if (invalid.when === 'if_absent' && s.kind === 'define_sequence' && s.mode !== 'overwrite') {
+    if (await exists(target, s.name)) {
+      if (s.mode === 'if_not_exists') return null;
+      throw new OrdoError('sequence_exists', `The sequence '${s.name}' already exists`);
+    }
+  } else if (invalid.when === 'if_present' && s.kind === 'alter_sequence') {
+    if (!(await exists(target, s.name))) {
+      if (s.ifExists) return null;
+      throw sequenceNotFound(s.name);
+    }
+  }
+  throw new OrdoError('invalid_argument', invalid.message);
+}
+
+async function exists(target: QueryTarget, name: string): Promise<boolean> {
+  return isIdentifier(name) && (await target.sequences.get(name)) !== null;
 }
 
 /**

@@ -8,6 +8,7 @@ import {
   CLAUSES,
   type Clause,
   type DefineSequenceStatement,
+  type InvalidValue,
   RESET_KEYWORDS,
   type Statement,
 } from './statements.js';
@@ -18,14 +19,30 @@ type InfoStatement = Extract<Statement, { kind: 'info_for_db' }>;
 const STATEMENT_STARTS = 'DEFINE, ALTER, REMOVE, LET, RETURN, INFO or sequence::nextval';
 const STATEMENT_END = "';' or end of input";
 const DURATION_EXAMPLES = 'a duration such as 5s, 100ms or 1m30s, or NONE';
+/** SurrealDB's words for a nextval() whose argument is not a string. */
+const NEXTVAL_ARGUMENTS = 'Incorrect arguments for function sequence::nextval()(). Expect a sequence name';
+
+/** Number tokens as SurrealDB's lexer reads them; any other number token does not parse. */
+const INTEGER = /^-?\d+$/;
+const FLOAT = /^-?\d+(?:\.\d+)?(?:[eE]\d+)?$/;
+const DURATION_SYNTAX = /^-?(?:\d+(?:ns|us|µs|μs|ms|s|m|h|d|w|y))+$/;
+
+/** A value as written: what SurrealDB would evaluate before casting it to what a clause takes. */
+type Literal =
+  | { type: 'integer'; text: string }
+  | { type: 'float'; value: number }
+  | { type: 'duration'; text: string; negated: boolean }
+  | { type: 'string'; value: string }
+  | { type: 'none' | 'null' };
 
 /**
  * Parses `;`-separated statements of ordo's SurrealQL subset. All or nothing, as SurrealDB
- * parses its own: any error refuses the whole text with an invalid_argument OrdoError, and
- * no statement is returned. Values are checked here too (a BATCH of 0, a name that is not an
- * identifier), so a text runs only when every statement in it can.
+ * parses its own: a syntax error refuses the whole text with an invalid_argument OrdoError,
+ * and no statement is returned. A value that is well written but cannot be used (BATCH 0,
+ * TIMEOUT 5, a name ordo does not allow) is no syntax error: its statement parses, carrying
+ * `invalid`, and fails alone when it runs, as in SurrealDB.
  *
- * `LET $name = value` (a string, a number, a duration or NONE) gives later statements of the
+ * `LET $name = value` (a string, a number, a duration, NONE or NULL) gives later statements of the
  * same text a value to write as `$name` wherever a name or a value goes; the parser puts the
  * value in its place.
  */
@@ -39,6 +56,8 @@ class Parser {
   private current: Token;
   /** The values LET gave so far, by parameter name (without `$`). */
   private readonly params = new Map<string, Token>();
+  /** The value the statement being read cannot use, if any (see InvalidValue). */
+  private invalid: InvalidValue | undefined;
 
   constructor(text: string) {
     this.lexer = new Lexer(text);
@@ -50,7 +69,10 @@ class Parser {
     for (;;) {
       while (this.isSymbol(';')) this.advance();
       if (this.atEnd()) return statements;
-      statements.push(this.statement());
+      this.invalid = undefined;
+      const statement = this.statement();
+      if (this.invalid) statement.invalid = this.invalid;
+      statements.push(statement);
       if (this.atEnd()) return statements;
       this.expectSymbol(';', STATEMENT_END);
     }
@@ -79,12 +101,10 @@ class Parser {
       this.expectWord('EXISTS');
       mode = 'if_not_exists';
     }
-    const statement: DefineSequenceStatement = {
-      kind: 'define_sequence',
-      name: this.name(),
-      mode,
-      gapless: false,
-    };
+    const nameToken = this.value();
+    const name = this.name();
+    if (!this.invalid) this.check(nameToken, 'if_absent', () => identifier('sequence name', name));
+    const statement: DefineSequenceStatement = { kind: 'define_sequence', name, mode, gapless: false };
     const seen = new Set<Clause>();
     for (;;) {
       const token = this.current;
@@ -103,8 +123,9 @@ class Parser {
           statement.start = this.integer(clause, -MAX_VALUE, MAX_VALUE);
           break;
         case 'TIMEOUT': {
-          const timeoutMs = this.timeout(clause);
-          if (timeoutMs !== null) statement.timeoutMs = timeoutMs; // TIMEOUT NONE: none, as without the clause
+          const timeoutMs = this.timeout(clause, 'if_absent');
+          // TIMEOUT NONE: none, as without the clause
+          if (timeoutMs !== null && timeoutMs !== undefined) statement.timeoutMs = timeoutMs;
           break;
         }
         case 'GAPLESS':
@@ -139,7 +160,8 @@ class Parser {
     const ifExists = this.ifExists();
     const statement: AlterSequenceStatement = { kind: 'alter_sequence', name: this.name(), ifExists };
     if (this.acceptWord('TIMEOUT')) {
-      statement.timeoutMs = this.timeout('TIMEOUT');
+      const timeoutMs = this.timeout('TIMEOUT', 'if_present');
+      if (timeoutMs !== undefined) statement.timeoutMs = timeoutMs;
     } else if (this.acceptWord('DROP')) {
       this.expectWord('TIMEOUT');
       statement.timeoutMs = null;
@@ -161,16 +183,17 @@ class Parser {
     return true;
   }
 
-  /** `LET $name = value`: a string, a number, a duration, NONE, or another parameter's value. */
+  /** `LET $name = value`: a string, a number, a duration, NONE, NULL, or another parameter's value. */
   private let(): Statement {
     const param = this.current;
     if (param.kind !== 'param') this.fail('a parameter such as $name');
     this.advance();
     this.expectSymbol('=', "'='");
     const value = this.value();
-    if (value.kind !== 'string' && value.kind !== 'number' && !isNone(value)) {
-      this.refuse('LET takes a string, a number, a duration or NONE', value);
+    if (value.kind !== 'string' && value.kind !== 'number' && !isNone(value) && !isNull(value)) {
+      this.refuse('LET takes a string, a number, a duration, NONE or NULL', value);
     }
+    this.literal(value, 'a string, a number, a duration, NONE or NULL');
     this.advance();
     const statement = this.end({ kind: 'let', name: param.value });
     this.params.set(param.value, value);
@@ -204,34 +227,50 @@ class Parser {
     return this.end(statement, `'.', ${STATEMENT_END}`);
   }
 
-  /** `sequence::nextval('name')`, RETURN already read. */
+  /**
+   * `sequence::nextval('name')`, RETURN already read. An argument that is not a string (a
+   * number, NONE, a bare word, none at all) fails when the statement runs, as in SurrealDB; a
+   * name ordo does not allow is no sequence's, so it fails as one that does not exist.
+   */
   private nextval(expected = 'sequence::nextval'): Statement {
     this.expectWord('SEQUENCE', expected);
     this.expectSymbol('::', "'::'");
     this.expectWord('NEXTVAL', 'nextval');
     this.expectSymbol('(', "'('");
-    const token = this.value();
-    if (token.kind !== 'string') this.fail('the sequence name as a quoted string', token);
-    const name = this.checkedName(token);
-    this.advance();
+    let name = '';
+    if (this.isSymbol(')')) {
+      this.defer(NEXTVAL_ARGUMENTS);
+    } else {
+      const token = this.value();
+      if (token.kind === 'string') name = token.value;
+      else if (token.kind === 'word' || token.kind === 'name') this.defer(NEXTVAL_ARGUMENTS);
+      else if (token.kind === 'number') {
+        this.literal(token, 'the sequence name as a quoted string');
+        this.defer(NEXTVAL_ARGUMENTS);
+      } else this.fail('the sequence name as a quoted string', token);
+      this.advance();
+    }
     this.expectSymbol(')', "')'");
     return this.end({ kind: 'nextval', name });
   }
 
   /**
    * A sequence name: bare, `backticked`, ⟨bracketed⟩ or a quoted string (as SurrealDB reads
-   * `DEFINE SEQUENCE "test"`), or a parameter whose value is a string.
+   * `DEFINE SEQUENCE "test"`), or a parameter whose value is a string (one whose value is not
+   * fails when the statement runs, as in SurrealDB). Not checked here: DEFINE refuses a name
+   * ordo does not allow when it runs, and no sequence has such a name for the others.
    */
   private name(): string {
     const token = this.value();
-    const named =
-      token.via === undefined
-        ? token.kind === 'word' || token.kind === 'name' || token.kind === 'string'
-        : token.kind === 'string';
-    if (!named) this.fail('a sequence name', token);
-    const name = this.checkedName(token);
+    if (token.via !== undefined && token.kind !== 'string') {
+      this.defer(`Expected \`sequence name\` but found \`${shown(this.literal(token, 'a sequence name'))}\``);
+      this.advance();
+      return '';
+    }
+    if (token.kind !== 'word' && token.kind !== 'name' && token.kind !== 'string')
+      this.fail('a sequence name', token);
     this.advance();
-    return name;
+    return token.value;
   }
 
   /** The current token; for a parameter, the value LET gave it, placed where the parameter is. */
@@ -247,38 +286,71 @@ class Parser {
     return { ...value, line: token.line, column: token.column, via: token.text };
   }
 
-  private checkedName(token: Token): string {
-    return this.at(token, () => identifier('sequence name', token.value));
+  /**
+   * What a value token holds. A number token SurrealDB's lexer would not read (`5x`, `1.5s`,
+   * `5S`) and anything that is no value at all (`;`, a bare word) do not parse.
+   */
+  private literal(token: Token, expected: string): Literal {
+    if (token.kind === 'string') return { type: 'string', value: token.value };
+    if (isNone(token)) return { type: 'none' };
+    if (isNull(token)) return { type: 'null' };
+    if (token.kind === 'number') {
+      if (INTEGER.test(token.text)) return { type: 'integer', text: token.text };
+      if (FLOAT.test(token.text)) return { type: 'float', value: Number(token.text) };
+      if (DURATION_SYNTAX.test(token.text)) {
+        const negated = token.text.startsWith('-');
+        return { type: 'duration', text: negated ? token.text.slice(1) : token.text, negated };
+      }
+    }
+    return this.fail(expected, token);
   }
 
-  private integer(clause: Clause, min: number, max: number): number {
+  /** A whole number within [min, max]; undefined, and the statement invalid, when the value is not one. */
+  private integer(clause: Clause, min: number, max: number): number | undefined {
     const token = this.value();
-    const value = token.kind === 'number' && /^-?\d+$/.test(token.text) ? Number(token.text) : Number.NaN;
-    if (!Number.isSafeInteger(value) || value < min || value > max) {
-      this.refuse(`${clause} must be a whole number from ${min} to ${max}`, token);
-    }
+    const literal = this.literal(token, `${clause}'s value, a whole number from ${min} to ${max}`);
     this.advance();
+    const cast = castInteger(literal);
+    if ('error' in cast) return this.defer(cast.error);
+    const { value } = cast;
+    if (!Number.isSafeInteger(value) || value < min || value > max) {
+      return this.defer(
+        `${clause} must be a whole number from ${min} to ${max}, found ${describeToken(token)} at ${position(token)}`,
+        'if_absent',
+      );
+    }
     return value;
   }
 
-  /** A duration in milliseconds, or null for NONE (no timeout). */
-  private timeout(clause: Clause): number | null {
+  /**
+   * A duration in milliseconds, or null for NONE (no timeout); undefined, and the statement
+   * invalid, when the value is not one (`when`: for a duration out of bounds).
+   */
+  private timeout(clause: Clause, when: InvalidValue['when']): number | null | undefined {
     const token = this.value();
-    if (isNone(token)) {
-      this.advance();
-      return null;
-    }
-    let ms: number | undefined;
-    if (token.kind === 'number') {
-      try {
-        ms = parseDuration(token.text);
-      } catch {
-        // reported below with the clause and position
-      }
-    }
-    if (ms === undefined) this.refuse(`${clause} must be ${DURATION_EXAMPLES}`, token);
+    const literal = this.literal(token, `${clause}'s value, ${DURATION_EXAMPLES}`);
     this.advance();
-    return ms;
+    // SurrealDB casts first; ALTER looks the sequence up before it evaluates anything.
+    const cast = castDuration(literal);
+    if (cast === null) return null;
+    if ('error' in cast) return this.defer(cast.error, when === 'if_present' ? when : 'first');
+    try {
+      return parseDuration(cast.value);
+    } catch (e) {
+      return this.defer(`${clause}: ${(e as Error).message} at ${position(token)}`, when);
+    }
+  }
+
+  /**
+   * Marks the statement being read invalid: it will fail with `message` when it runs. The
+   * first value of the wrong kind wins (SurrealDB evaluates every value before it checks
+   * bounds), otherwise the first value found.
+   */
+  private defer(message: string, when: InvalidValue['when'] = 'first'): undefined {
+    if (this.invalid === undefined || (when === 'first' && this.invalid.when !== 'first')) {
+      this.invalid = { message, when };
+    }
+    return undefined;
   }
 
   private reset(): 'day' | 'week' | 'month' | 'year' {
@@ -292,34 +364,41 @@ class Parser {
     return period;
   }
 
-  private timeZone(): string {
+  private timeZone(): string | undefined {
     const token = this.value();
-    if (token.kind !== 'string' || token.value.length === 0 || token.value.length > MAX_TIME_ZONE_LENGTH) {
-      this.refuse(
-        `TIMEZONE must be a quoted IANA time zone name of 1 to ${MAX_TIME_ZONE_LENGTH} characters, such as 'Europe/Paris'`,
-        token,
+    const rule = `TIMEZONE must be a quoted IANA time zone name of 1 to ${MAX_TIME_ZONE_LENGTH} characters, such as 'Europe/Paris'`;
+    const literal = this.literal(token, rule.replace('TIMEZONE must be', "TIMEZONE's value,"));
+    this.advance();
+    if (
+      literal.type !== 'string' ||
+      literal.value.length === 0 ||
+      literal.value.length > MAX_TIME_ZONE_LENGTH
+    ) {
+      return this.defer(
+        `${rule}, found ${describeToken(token)} at ${position(token)}`,
+        literal.type === 'string' ? 'if_absent' : 'first',
       );
     }
-    this.advance();
-    return token.value;
+    return literal.value;
   }
 
-  private format(): string {
+  private format(): string | undefined {
     const token = this.value();
-    if (token.kind !== 'string')
-      this.refuse("FORMAT must be a quoted text such as 'INV-{YYYY}-{n:6}'", token);
-    const format = this.at(token, () => validateFormat(token.value));
+    const rule = "FORMAT must be a quoted text such as 'INV-{YYYY}-{n:6}'";
+    const literal = this.literal(token, rule.replace('FORMAT must be', "FORMAT's value,"));
     this.advance();
-    return format;
+    if (literal.type !== 'string')
+      return this.defer(`${rule}, found ${describeToken(token)} at ${position(token)}`);
+    return this.check(token, 'if_absent', () => validateFormat(literal.value));
   }
 
-  /** Runs a library check, adding the token's position to the message it refuses with. */
-  private at<T>(token: Token, check: () => T): T {
+  /** Runs a library check of a token's value: what it refuses makes the statement invalid, at the token. */
+  private check<T>(token: Token, when: InvalidValue['when'], run: () => T): T | undefined {
     try {
-      return check();
+      return run();
     } catch (e) {
-      if (e instanceof OrdoError) throw invalid(`${e.message} at ${position(token)}`);
-      throw e;
+      if (!(e instanceof OrdoError)) throw e;
+      return this.defer(`${e.message} at ${position(token)}`, when);
     }
   }
 
@@ -373,4 +452,55 @@ class Parser {
 
 function isNone(token: Token): boolean {
   return token.kind === 'word' && token.text.toUpperCase() === 'NONE';
+}
+
+function isNull(token: Token): boolean {
+  return token.kind === 'word' && token.text.toUpperCase() === 'NULL';
+}
+
+/** A value as SurrealDB shows it in an error: `'x'`, `1.5f`, `5s`, `NONE`. */
+function shown(literal: Literal): string {
+  switch (literal.type) {
+    case 'integer':
+      return String(BigInt(literal.text));
+    case 'float':
+      return `${literal.value}f`;
+    case 'duration':
+      return literal.negated ? `-${literal.text}` : literal.text;
+    case 'string':
+      return literal.value.includes("'") && !literal.value.includes('"')
+        ? `"${literal.value}"`
+        : `'${literal.value.replaceAll("'", "\\'")}'`;
+    case 'none':
+      return 'NONE';
+    case 'null':
+      return 'NULL';
+  }
+}
+
+/** SurrealDB evaluates `-5s` before it casts it, and cannot. */
+function negated(literal: Literal): string | undefined {
+  return literal.type === 'duration' && literal.negated
+    ? `Cannot negate the value '${literal.text}'`
+    : undefined;
+}
+
+/** A value cast as SurrealDB casts it, or SurrealDB's words for why it cannot be. */
+type Cast<T> = { value: T } | { error: string };
+
+/** A value cast to a whole number: `'5'`, `5.0` and `1e3` are whole numbers, `1.5` and `5s` are not. */
+function castInteger(literal: Literal): Cast<number> {
+  if (literal.type === 'integer') return { value: Number(literal.text) };
+  if (literal.type === 'float' && Number.isInteger(literal.value)) return { value: literal.value };
+  if (literal.type === 'string' && /^[+-]?\d+$/.test(literal.value)) return { value: Number(literal.value) };
+  return { error: negated(literal) ?? `Could not cast into \`int\` using input \`${shown(literal)}\`` };
+}
+
+/** A value cast to a duration, as its text (`'5s'` is one, `5` is not); null for NONE. */
+function castDuration(literal: Literal): Cast<string> | null {
+  if (literal.type === 'none') return null;
+  if (literal.type === 'duration' && !literal.negated) return { value: literal.text };
+  const text = literal.type === 'string' ? literal.value.trim() : '';
+  if (text !== '' && DURATION_SYNTAX.test(text) && !text.startsWith('-')) return { value: text };
+  return { error: negated(literal) ?? `Could not cast into \`duration\` using input \`${shown(literal)}\`` };
 }

@@ -1,7 +1,21 @@
 import { formatTimeout } from '../sequences/definitions.js';
 import { identifier, MAX_VALUE } from '../validate.js';
 
-export type Statement =
+/**
+ * A value a statement cannot use, found while parsing it. The statement still parses: it fails
+ * with `message` (invalid_argument) when it runs, and the other statements of the text run, as
+ * SurrealDB fails a statement whose value does not cast. `when` follows SurrealDB's order:
+ * `first`, before anything else (a value of the wrong kind: SurrealDB evaluates values first);
+ * `if_absent`, once DEFINE has found no such sequence (a value out of bounds: an existing one
+ * answers `already exists`, or nothing with IF NOT EXISTS); `if_present`, once ALTER has found
+ * the sequence (a missing one answers `does not exist`, or nothing with IF EXISTS).
+ */
+export interface InvalidValue {
+  message: string;
+  when: 'first' | 'if_absent' | 'if_present';
+}
+
+export type Statement = (
   | {
       kind: 'define_sequence';
       name: string;
@@ -24,7 +38,8 @@ export type Statement =
   // [RETURN] INFO FOR DB [STRUCTURE], or (INFO FOR DB [STRUCTURE]).field.field…
   | { kind: 'info_for_db'; structure?: true; path?: string[] }
   // LET $name = value: the value is put in place of $name by the parser; the statement returns null
-  | { kind: 'let'; name: string };
+  | { kind: 'let'; name: string }
+) & { invalid?: InvalidValue };
 
 export type DefineSequenceStatement = Extract<Statement, { kind: 'define_sequence' }>;
 
