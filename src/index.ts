@@ -15,7 +15,13 @@ export { ERROR_CODES, OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoErr
 export { createOrdo, type DatabaseInfo, Ordo } from './ordo.js';
 export type { Handler, HandlerContext, SubscriptionEnd } from './outbox/consumer.js';
 export type { Blocker, PartitionLag, SubscriptionLag } from './outbox/lag.js';
-export { type Appended, MAX_APPEND, type MessageInput, type OutboxMessage } from './outbox/messages.js';
+export {
+  type Appended,
+  MAX_APPEND,
+  type MessageInput,
+  OUTBOX_NAME_PATTERN,
+  type OutboxMessage,
+} from './outbox/messages.js';
 export {
   type AppendOptions,
   type DeadLetter,
@@ -86,4 +92,10 @@ export {
   type ThrottleState,
   Throttles,
 } from './throttles/throttles.js';
-export { MAX_ERROR_LENGTH, MAX_TEXT, MAX_TIME_ZONE_LENGTH, MAX_VALUE } from './validate.js';
+export {
+  IDENTIFIER_PATTERN,
+  MAX_ERROR_LENGTH,
+  MAX_TEXT,
+  MAX_TIME_ZONE_LENGTH,
+  MAX_VALUE,
+} from './validate.js';

@@ -15,7 +15,9 @@ export const MAX_ERROR_LENGTH = 2000;
 /** The longest IANA time zone name accepted ('America/Argentina/ComodRivadavia' is 32). */
 export const MAX_TIME_ZONE_LENGTH = 64;
 
-const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
+/** Names of sequences and throttles, as a JSON schema pattern too (the HTTP routes read it). */
+export const IDENTIFIER_PATTERN = '^[A-Za-z_][A-Za-z0-9_]{0,62}$';
+const IDENTIFIER = new RegExp(IDENTIFIER_PATTERN);
 
 export function invalid(message: string): OrdoError {
   return new OrdoError('invalid_argument', message);

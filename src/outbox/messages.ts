@@ -39,7 +39,9 @@ export interface OutboxMessage<T = unknown> {
 /** The most messages one append may carry. */
 export const MAX_APPEND = 10_000;
 /** Topics and subscription names: also used in URLs and NOTIFY payloads. */
-const NAME = new RegExp(`^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,${MAX_TEXT - 1}}$`);
+/** Topics and subscription names, as a JSON schema pattern too (the HTTP routes read it). */
+export const OUTBOX_NAME_PATTERN = `^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,${MAX_TEXT - 1}}$`;
+const NAME = new RegExp(OUTBOX_NAME_PATTERN);
 const MESSAGE_KEYS = ['type', 'data', 'key', 'messageId', 'headers'] as const;
 
 export function outboxName(what: string, value: unknown): string {

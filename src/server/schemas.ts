@@ -1,3 +1,5 @@
+import { IDENTIFIER_PATTERN } from '../index.js';
+
 /** JSON schemas shared by the route modules. */
 
 /** Every error answer: `{ code, message }`, the code being one of ERROR_CODES. */
@@ -8,7 +10,7 @@ export const ERROR = {
 } as const;
 
 /** Names of sequences and throttles: identifiers, as the library checks them. */
-export const NAME = { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]{0,62}$' } as const;
+export const NAME = { type: 'string', pattern: IDENTIFIER_PATTERN } as const;
 
 /** `DELETE …?ifExists=true`: no error when there was nothing to remove. */
 export const IF_EXISTS_QUERY = {
