@@ -161,6 +161,16 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
       statement,
     );
   }
+  if (sqlstate === '40P01') {
+    // Transient like an unavailable database: the server rolled the statement back, and the
+    // same call made again goes through.
+    return wrap(
+      'database_unavailable',
+      'The statement was rolled back to break a deadlock with another transaction (SQLSTATE 40P01); retry it',
+      error,
+      statement,
+    );
+  }
   if (sqlstate && SQLSTATE_CODES[sqlstate]) code = SQLSTATE_CODES[sqlstate];
   else if (unavailable(sqlstate, message))
     return wrap('database_unavailable', unavailableMessage(sqlstate, message), error, statement);
