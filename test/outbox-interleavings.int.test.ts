@@ -403,8 +403,15 @@ describe('deterministic interleavings: the SQL rule and a real subscription afte
         [],
       );
       await s.step('B appends OrderPaid', () => s.append('B', 'OrderPaid'), []);
+      const { rows } = await a.query('SELECT pg_backend_pid() AS pid');
       const waiting = a.query(`UPDATE public.orders SET state = 'shipped' WHERE id = 1`);
-      await sleep(100);
+      await waitFor('A to wait for the row lock B holds', async () => {
+        const { rows: activity } = await admin.query(
+          'SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1',
+          [rows[0].pid],
+        );
+        return activity[0]?.wait_event_type === 'Lock';
+      });
       await s.step('B commits (A goes on)', () => s.end('B', 'COMMIT'), ['OrderPaid']);
       await waiting;
       await s.step('A appends OrderShipped', () => s.append('A', 'OrderShipped'), []);

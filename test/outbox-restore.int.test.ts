@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo } from '../src/index.js';
+import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { loadMigrations, quoteIdent } from '../src/db/migrations.js';
 import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
 
@@ -63,6 +63,8 @@ describe('dump and restore into a new cluster', () => {
       `DO $$ BEGIN FOR i IN 1..3000 LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$`,
     );
     await a.outbox.createSubscription({ name: 'projector', topic: 'orders' });
+    // Read in the new cluster by SQL alone, in one transaction per batch (see the end).
+    await a.outbox.createSubscription({ name: 'sql-reader', topic: 'orders' });
     await a.outbox.append('orders', labelled('o1', 'o2', 'o3', 'o4', 'o5'));
     // Two batches of a round of five: the round is left half done.
     const first = await a.outbox.receive<{ label: string }>('projector', { max: 2 });
@@ -93,6 +95,9 @@ describe('dump and restore into a new cluster', () => {
     expect(Number(rows[0].here)).toBeLessThan(Number(rows[0].restored));
     await b.outbox.append('orders', labelled('n1', 'n2'));
     expect(await drain(b, 'projector')).toEqual(['o4', 'o5', 'c1', 'c2', 'n1', 'n2']);
+    // Behind by nothing at once: the restored messages carry ids of the old cluster, which a
+    // base of the new one must not judge.
+    expect(await b.outbox.lag('projector')).toMatchObject({ messagesBehind: 0, delivered: 9 });
     await b.outbox.append('orders', labelled('n3'));
     // A library consumer, the next rounds: new ids only.
     const got: string[] = [];
@@ -107,11 +112,48 @@ describe('dump and restore into a new cluster', () => {
     expect(got).toEqual(['n3', 'n4']);
     const lag = await b.outbox.lag('projector');
     expect(lag).toMatchObject({ messagesBehind: 0, delivered: 11 });
-    // A subscription made in the new cluster, from the beginning, reads everything once.
+    // A subscription made in the new cluster, from the beginning, reads everything once, in order.
+    const all = ['o1', 'o2', 'o3', 'o4', 'o5', 'c1', 'c2', 'n1', 'n2', 'n3', 'n4'];
     await b.outbox.createSubscription({ name: 'late', topic: 'orders' });
-    expect((await drain(b, 'late', 100)).sort()).toEqual(
-      ['c1', 'c2', 'n1', 'n2', 'n3', 'n4', 'o1', 'o2', 'o3', 'o4', 'o5'].sort(),
-    );
+    expect(await drain(b, 'late', 100)).toEqual(all);
+
+    // A consumer in SQL that leases, receives and acknowledges in one transaction: its
+    // transaction has an id before receive() reads the round's target, so its base in the new
+    // cluster has no bound (every id from the snapshot's xmax up counts as running), and the
+    // restored messages' old ids are all in that range.
+    const c = new pg.Client({ connectionString: restored.url });
+    await c.connect();
+    const read: string[] = [];
+    try {
+      for (;;) {
+        await c.query('BEGIN');
+        await c.query(`SELECT ordo.lease_partition('sql-reader', 0, 'sql:reader', 30000)`);
+        const { rows } = await c.query(
+          `SELECT data->>'label' AS label, version::text FROM ordo.receive('sql-reader', 0, 'sql:reader', 4, 30000)`,
+        );
+        if (rows.length > 0) {
+          await c.query(`SELECT ordo.ack('sql-reader', 0, 'sql:reader', $1::bigint, 30000)`, [
+            rows[0].version,
+          ]);
+        }
+        await c.query('COMMIT');
+        if (rows.length === 0) break;
+        read.push(...rows.map((r) => r.label));
+      }
+      const { rows } = await c.query(
+        `SELECT base_bound IS NULL AS unbounded, cluster = ordo.cluster_id() AS here
+           FROM ordo.subscription_partitions WHERE subscription = 'sql-reader'`,
+      );
+      expect(rows).toEqual([{ unbounded: true, here: true }]);
+    } finally {
+      await c.end();
+    }
+    expect(read).toEqual(all);
+    // Passed by every subscription: none behind, and prune deletes them all.
+    for (const name of ['projector', 'late', 'sql-reader']) {
+      expect((await b.outbox.lag(name)).messagesBehind, name).toBe(0);
+    }
+    expect(await b.outbox.prune({ olderThan: 0, topic: 'orders' })).toBe(all.length);
   });
 });
 
@@ -158,13 +200,78 @@ describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
       await early.end();
       const o = await migrated;
       await o.outbox.append('t', labelled('b1'));
+      // The first round delivers what committed before it in position order: 'open' was
+      // appended before a5 (and committed after it, before b1 was appended).
       const first = await drain(o, 'sub', 2);
-      expect(first.sort()).toEqual(['a3', 'a4', 'a5', 'b1', 'open'].sort());
+      expect(first).toEqual(['a3', 'a4', 'open', 'a5', 'b1']);
       await o.outbox.append('t', labelled('b2'));
       expect(await drain(o, 'sub')).toEqual(['b2']);
       expect(await o.outbox.lag('sub')).toMatchObject({ messagesBehind: 0, delivered: 8 });
     } finally {
       await c.end();
     }
+  });
+});
+
+describe('the first round in a new cluster while a transaction that appended there is open', () => {
+  it('appends are not held up for seconds, callers are told to retry at once, and delivery resumes once it commits', async () => {
+    const inDb = (url: string, db: string) => url.replace(/\/postgres$/, `/${db}`);
+    await sql(old.url, 'CREATE DATABASE stall');
+    const a = await ordoOn(inDb(old.url, 'stall'));
+    await a.outbox.createSubscription({ name: 's', topic: 't' });
+    await a.outbox.append('t', labelled('m1', 'm2'));
+    const file = `${restored.dataDir}/../stall.sql`;
+    await run('/usr/bin/pg_dump', ['--no-owner', '-f', file, inDb(old.url, 'stall')]);
+    await sql(restored.url, 'CREATE DATABASE stall');
+    await run('/usr/bin/psql', ['-q', '-v', 'ON_ERROR_STOP=1', '-f', file, inDb(restored.url, 'stall')]);
+    const b = await ordoOn(inDb(restored.url, 'stall'));
+
+    // Appended in the new cluster before its first round, and left open.
+    const open = new pg.Client({ connectionString: inDb(restored.url, 'stall') });
+    await open.connect();
+    try {
+      await open.query('BEGIN');
+      await open.query(`SELECT ordo.append('t', 'm', '{"label":"open"}')`);
+
+      // Four callers poll meanwhile: the round cannot begin (the new cluster is recorded once no
+      // append is in flight); each is told so quickly.
+      const refusals: { code: string; message: string; ms: number }[] = [];
+      let polling = true;
+      const poller = async () => {
+        while (polling) {
+          const started = Date.now();
+          const got = await b.outbox.receive('s').catch((e: OrdoError) => e);
+          expect(got).toBeInstanceOf(OrdoError);
+          const { code, message } = got as OrdoError;
+          refusals.push({ code, message, ms: Date.now() - started });
+        }
+      };
+      const pollers = Array.from({ length: 4 }, poller);
+      const appendMs: number[] = [];
+      for (let i = 0; i < 15; i++) {
+        const started = Date.now();
+        await b.outbox.append('t', labelled(`x${i}`));
+        appendMs.push(Date.now() - started);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      polling = false;
+      await Promise.all(pollers);
+      expect(Math.max(...appendMs), appendMs.join(' ')).toBeLessThan(1_000);
+      expect(refusals.length).toBeGreaterThan(4);
+      expect(new Set(refusals.map((r) => r.code))).toEqual(new Set(['timeout']));
+      expect(Math.max(...refusals.map((r) => r.ms))).toBeLessThan(1_000);
+      // One waits a moment for the appends in flight; the others, meanwhile, not at all.
+      expect(refusals.some((r) => r.message.includes('once no append is in flight'))).toBe(true);
+      expect(refusals.some((r) => r.message.includes('in another session'))).toBe(true);
+      await open.query('COMMIT');
+    } finally {
+      await open.end();
+    }
+    expect(await drain(b, 's', 100)).toEqual([
+      'm1',
+      'm2',
+      'open',
+      ...Array.from({ length: 15 }, (_, i) => `x${i}`),
+    ]);
   });
 });

@@ -1,3 +1,5 @@
+import { OrdoError } from '../errors.js';
+
 /** An open transaction that appended to a topic: its own messages wait for it to end. */
 export interface Blocker {
   /** The backend running it; null for a prepared (two-phase) transaction. */
@@ -21,7 +23,10 @@ export interface PartitionLag {
   leaseUntil: Date | null;
   /** The highest position delivered so far (messages of transactions still open may lie below it). */
   position: number;
-  /** Committed messages not yet delivered. */
+  /**
+   * Committed messages not yet delivered, counted up to 10,000 per partition (a partition
+   * further behind shows 10,000): a large backlog costs little to read.
+   */
   messagesBehind: number;
   /** Age of the oldest of them; null when none. */
   oldestAgeMs: number | null;
@@ -70,9 +75,14 @@ function toPartition(row: Record<string, any>): PartitionLag {
   };
 }
 
-/** The rows of subscription_lag (one per partition), as one SubscriptionLag. */
-export function toLag(rows: Record<string, any>[]): SubscriptionLag {
-  const first = rows[0]!;
+/**
+ * The rows of subscription_lag (one per partition), as one SubscriptionLag. No rows: the
+ * subscription was removed between the function's first statement and its last.
+ */
+export function toLag(name: string, rows: Record<string, any>[]): SubscriptionLag {
+  const first = rows[0];
+  if (first === undefined)
+    throw new OrdoError('subscription_not_found', `The subscription '${name}' does not exist`);
   const now: Date = first.now;
   const partitions = rows.map(toPartition);
   const blocked = first.blocker_pid !== null || first.blocker_prepared_gid !== null;

@@ -253,7 +253,7 @@ export class Outbox {
   async lag(name: string): Promise<SubscriptionLag> {
     this.ensureOpen();
     const { rows } = await this.run(this.plans.lag, [outboxName('subscription name', name)]);
-    return toLag(rows);
+    return toLag(name, rows);
   }
 
   /**
