@@ -199,17 +199,21 @@ describe('consumers over HTTP: receive, ack, nack', () => {
     expect(late.json().code).toBe('receipt_expired');
     expect(late.json().message).toContain('visibilityTimeout');
 
+    // A lapsed lease is a failed batch, as a nack is: its messages come again, one at a time.
     const again = await call('POST', '/v1/subscriptions/http-consumer/receive', ISSUER, { max: 2 });
-    expect(labels(again)).toEqual([1, 2]);
+    expect(labels(again)).toEqual([1]);
     const acked = await call('POST', '/v1/subscriptions/http-consumer/ack', ISSUER, {
       receipt: again.json().receipt,
     });
-    expect(acked.json()).toEqual({ handled: 2 });
+    expect(acked.json()).toEqual({ handled: 1 });
     // A receipt acknowledged once is spent.
     const twice = await call('POST', '/v1/subscriptions/http-consumer/ack', ISSUER, {
       receipt: again.json().receipt,
     });
     expect(twice.json().code).toBe('receipt_expired');
+    const second = await call('POST', '/v1/subscriptions/http-consumer/receive', ISSUER, { max: 10 });
+    expect(labels(second)).toEqual([2]);
+    await call('POST', '/v1/subscriptions/http-consumer/ack', ISSUER, { receipt: second.json().receipt });
     const rest = await call('POST', '/v1/subscriptions/http-consumer/receive', ISSUER, { max: 10 });
     expect(labels(rest)).toEqual([3, 4, 5]);
     await call('POST', '/v1/subscriptions/http-consumer/ack', ISSUER, { receipt: rest.json().receipt });
@@ -344,5 +348,326 @@ describe('GET /metrics: the outbox after a known workload', () => {
     expect(sample(text, 'ordo_outbox_dead_lettered_total', metered)).toBe(1);
     expect(sample(text, 'ordo_outbox_open_appenders', metered)).toBe(0);
     expect(text).toContain('ordo_outbox_delivered_total{subscription="metered",partition="1"}');
+  });
+});
+
+describe('consumers over HTTP: leases that lapse, concurrency, and what lag shows', () => {
+  const labels = (r: { json(): { messages: { data: { n: number } }[] } }) =>
+    r.json().messages.map((m) => m.data.n);
+  const append = (topic: string, ns: number[], key?: string) =>
+    call('POST', `/v1/topics/${topic}/messages`, ISSUER, {
+      messages: ns.map((n) => ({ type: 'n', data: { n }, key: key ?? null })),
+    });
+  const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+  async function sql(text: string, values: unknown[] = []): Promise<pg.QueryResult> {
+    const client = new pg.Client({ connectionString: server.url });
+    await client.connect();
+    try {
+      return await client.query(text, values);
+    } finally {
+      await client.end();
+    }
+  }
+
+  /** A key whose messages fall in partition `p` of `parts`. */
+  async function keyOf(p: number, parts: number): Promise<string> {
+    const { rows } = await sql(
+      `SELECT k FROM generate_series(0, 999) AS i, LATERAL (SELECT 'k' || i AS k) x
+        WHERE ordo.partition_of(k, $2) = $1 LIMIT 1`,
+      [p, parts],
+    );
+    return rows[0].k;
+  }
+
+  it('nack of a receipt whose lease lapsed is refused with receipt_expired, as ack is; the batch comes again', async () => {
+    await call('PUT', '/v1/subscriptions/http-late-nack', ADMIN, { topic: 'late-nack' });
+    await append('late-nack', [1, 2]);
+    const first = await call('POST', '/v1/subscriptions/http-late-nack/receive', ISSUER, {
+      visibilityTimeout: '300ms',
+    });
+    expect(labels(first)).toEqual([1, 2]);
+    await sleep(450);
+    const late = await call('POST', '/v1/subscriptions/http-late-nack/nack', ISSUER, {
+      receipt: first.json().receipt,
+      retryAfter: '1h',
+    });
+    expect([late.statusCode, late.json().code]).toEqual([409, 'receipt_expired']);
+    // The refused nack changed nothing: no retryAfter of an hour; the lapse itself is the
+    // failure, and the messages come again at once, one at a time.
+    for (const n of [1, 2]) {
+      const again = await call('POST', '/v1/subscriptions/http-late-nack/receive', ISSUER, {});
+      expect(labels(again)).toEqual([n]);
+      const acked = await call('POST', '/v1/subscriptions/http-late-nack/ack', ISSUER, {
+        receipt: again.json().receipt,
+      });
+      expect(acked.json()).toEqual({ handled: 1 });
+    }
+  });
+
+  it('a message whose lease lapses every time (it kills its consumer) is parked after maxAttempts (10) deliveries', async () => {
+    await call('PUT', '/v1/subscriptions/http-poison', ADMIN, { topic: 'poison' });
+    await append('poison', [1, 2]);
+    const attempts: number[] = [];
+    for (let i = 0; i < 10; i++) {
+      const r = await call('POST', '/v1/subscriptions/http-poison/receive', ISSUER, {
+        max: 1,
+        visibilityTimeout: '300ms',
+      });
+      expect(labels(r)).toEqual([1]);
+      attempts.push(r.json().attempt);
+      // The consumer dies: no ack, no nack; the lease lapses.
+      await sleep(320);
+    }
+    expect(attempts).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    const next = await call('POST', '/v1/subscriptions/http-poison/receive', ISSUER, { max: 1 });
+    expect([labels(next), next.json().attempt]).toEqual([[2], 1]);
+    await call('POST', '/v1/subscriptions/http-poison/ack', ISSUER, { receipt: next.json().receipt });
+    const dead = await ordo.outbox.deadLetters('http-poison');
+    expect(dead.map((d) => [d.data, d.attempts])).toEqual([[{ n: 1 }, 10]]);
+    expect(dead[0]!.error).toContain('lapsed');
+    // What lag shows over HTTP: redelivered and deadLettered too, and redelivered per partition.
+    const lag = (await call('GET', '/v1/subscriptions/http-poison', READER)).json();
+    expect(lag).toMatchObject({ messagesBehind: 0, delivered: 1, redelivered: 9, deadLettered: 1 });
+    expect(lag.partitions).toMatchObject([{ partition: 0, redelivered: 9, delivered: 1 }]);
+  });
+
+  it('a batch of several whose lease lapses comes one message at a time next', async () => {
+    await call('PUT', '/v1/subscriptions/http-lapsed-batch', ADMIN, { topic: 'lapsed-batch' });
+    await append('lapsed-batch', [1, 2, 3]);
+    const first = await call('POST', '/v1/subscriptions/http-lapsed-batch/receive', ISSUER, {
+      visibilityTimeout: '300ms',
+    });
+    expect(labels(first)).toEqual([1, 2, 3]);
+    await sleep(400);
+    const got: number[][] = [];
+    for (let i = 0; i < 5; i++) {
+      const r = await call('POST', '/v1/subscriptions/http-lapsed-batch/receive', ISSUER, {});
+      if (r.json().receipt === null) break;
+      got.push(labels(r));
+      await call('POST', '/v1/subscriptions/http-lapsed-batch/ack', ISSUER, { receipt: r.json().receipt });
+    }
+    expect(got).toEqual([[1], [2], [3]]);
+    expect(await ordo.outbox.deadLetters('http-lapsed-batch')).toEqual([]);
+  });
+
+  it('concurrent receives and acks on 4 partitions while messages trickle in: no 5xx, every message once, each key in order', async () => {
+    // Partitions are often empty: a caller looks at several in one call, in an order that the
+    // checkpoints of the others keep changing.
+    await call('PUT', '/v1/subscriptions/http-busy', ADMIN, { topic: 'busy', partitions: 4 });
+    const keys = [await keyOf(0, 4), await keyOf(1, 4), await keyOf(2, 4), await keyOf(3, 4)];
+    const COUNT = 200;
+    let appending = true;
+    const writer = (async () => {
+      for (let i = 0; i < COUNT; i++) {
+        const r = await call('POST', '/v1/topics/busy/messages', ISSUER, {
+          type: 'n',
+          key: keys[(i * 7 + (i >> 3)) % 4],
+          data: { n: i },
+        });
+        expect(r.statusCode).toBe(200);
+      }
+      appending = false;
+    })();
+    const statuses: number[] = [];
+    const seen = new Map<string, number[]>();
+    let total = 0;
+    const deadline = Date.now() + 30_000;
+    const worker = async () => {
+      while ((appending || total < COUNT) && Date.now() < deadline) {
+        const r = await call('POST', '/v1/subscriptions/http-busy/receive', ISSUER, { max: 3 });
+        statuses.push(r.statusCode);
+        if (r.statusCode !== 200) continue;
+        const { messages, receipt } = r.json();
+        if (receipt === null) {
+          await sleep(2);
+          continue;
+        }
+        const acked = await call('POST', '/v1/subscriptions/http-busy/ack', ISSUER, { receipt });
+        statuses.push(acked.statusCode);
+        if (acked.statusCode !== 200) continue;
+        for (const m of messages as { key: string; data: { n: number } }[]) {
+          seen.set(m.key, [...(seen.get(m.key) ?? []), m.data.n]);
+          total++;
+        }
+      }
+    };
+    await Promise.all([writer, ...Array.from({ length: 12 }, worker)]);
+    expect(statuses.filter((s) => s !== 200)).toEqual([]);
+    for (const key of keys) {
+      const sent = Array.from({ length: COUNT }, (_, i) => i).filter(
+        (i) => keys[(i * 7 + (i >> 3)) % 4] === key,
+      );
+      expect(seen.get(key), key).toEqual(sent);
+    }
+    expect(total).toBe(COUNT);
+    expect((await ordo.outbox.lag('http-busy')).messagesBehind).toBe(0);
+  });
+
+  it('a round begun by receive has a bound; a poll with nothing to receive writes nothing; a partition locked elsewhere is passed over, not waited for', async () => {
+    await call('PUT', '/v1/subscriptions/http-idle', ADMIN, { topic: 'idle-polls', partitions: 2 });
+    const [k0, k1] = [await keyOf(0, 2), await keyOf(1, 2)];
+    await append('idle-polls', [1], k0);
+    await append('idle-polls', [2], k1);
+    const state = async () =>
+      (
+        await sql(
+          `SELECT partition, xmin::text, version, target_position IS NOT NULL AS in_round, target_bound::text AS bound
+             FROM ordo.subscription_partitions WHERE subscription = 'http-idle' ORDER BY partition`,
+        )
+      ).rows;
+
+    // Partition 0 is locked by another transaction (as a concurrent caller would hold it).
+    const holder = new pg.Client({ connectionString: server.url });
+    await holder.connect();
+    let r;
+    try {
+      await holder.query('BEGIN');
+      await holder.query(
+        `SELECT 1 FROM ordo.subscription_partitions WHERE subscription = 'http-idle' AND partition = 0 FOR UPDATE`,
+      );
+      const started = Date.now();
+      r = await call('POST', '/v1/subscriptions/http-idle/receive', ISSUER, {});
+      expect(Date.now() - started).toBeLessThan(2_000);
+      expect([r.json().receipt.split('.')[0], labels(r)]).toEqual(['1', [2]]);
+    } finally {
+      await holder.query('ROLLBACK');
+      await holder.end();
+    }
+    // The round it began: its bound is a transaction id, not null (which would scan every id
+    // from the snapshot's xmax to the end of the topic at the next round).
+    const inRound = await state();
+    expect(inRound[1]).toMatchObject({ in_round: true });
+    expect(inRound[1].bound).not.toBeNull();
+    await call('POST', '/v1/subscriptions/http-idle/ack', ISSUER, { receipt: r.json().receipt });
+    const zero = await call('POST', '/v1/subscriptions/http-idle/receive', ISSUER, {});
+    expect(labels(zero)).toEqual([1]);
+    await call('POST', '/v1/subscriptions/http-idle/ack', ISSUER, { receipt: zero.json().receipt });
+
+    const before = await state();
+    for (let i = 0; i < 3; i++) {
+      const idle = await call('POST', '/v1/subscriptions/http-idle/receive', ISSUER, {});
+      expect(idle.json()).toEqual({ messages: [], receipt: null, attempt: 0 });
+    }
+    expect(await state()).toEqual(before);
+  });
+
+  it('receive_any refuses a bad max or max_attempts (SQL callers)', async () => {
+    for (const [max, attempts] of [
+      [0, 10],
+      [1, 0],
+    ]) {
+      const e = await sql(`SELECT * FROM ordo.receive_any('http-idle', 'sql:me', $1, 1000, $2)`, [
+        max,
+        attempts,
+      ]).catch((e: { code?: string }) => e);
+      expect((e as { code?: string }).code).toBe('OX003');
+    }
+  });
+
+  it('a deadlock with another transaction is a 503 with Retry-After (transient: the statement was rolled back), not a 500', async () => {
+    const other = new pg.Client({ connectionString: server.url, application_name: 'deadlocker' });
+    await other.connect();
+    try {
+      await other.query('BEGIN');
+      await other.query(`SELECT ordo.append('deadlock', 'm', '1', NULL, 'b')`);
+      // The request inserts messageId a, then waits for b (the other's, not yet committed).
+      const request = call('POST', '/v1/topics/deadlock/messages', ISSUER, {
+        messages: [
+          { type: 'm', data: 1, messageId: 'a' },
+          { type: 'm', data: 2, messageId: 'b' },
+        ],
+      });
+      // (Read outside the other's transaction: pg_stat_activity stays as first read in one.)
+      const deadline = Date.now() + 10_000;
+      for (;;) {
+        const { rows } = await sql(
+          `SELECT count(*)::int AS n FROM pg_stat_activity
+            WHERE wait_event_type = 'Lock' AND application_name <> 'deadlocker' AND query LIKE '%append_many%'`,
+        );
+        if (rows[0].n > 0) break;
+        if (Date.now() > deadline) throw new Error('the request never waited');
+        await sleep(10);
+      }
+      // The other now waits for the request's a: a cycle, broken after deadlock_timeout (1 s)
+      // by the first of the two to look, the request.
+      const waiting = other.query(`SELECT ordo.append('deadlock', 'm', '2', NULL, 'a')`);
+      const r = await request;
+      expect([r.statusCode, r.json().code]).toEqual([503, 'database_unavailable']);
+      expect(r.json().message).toContain('deadlock');
+      expect(r.headers['retry-after']).toBe('1');
+      await waiting;
+    } finally {
+      await other.query('ROLLBACK');
+      await other.end();
+    }
+    expect(await count('deadlock')).toBe(0);
+  });
+
+  it('lag counts a late message (its transaction was open when the round was read) once it commits, and stops counting at 10,000', async () => {
+    await call('PUT', '/v1/subscriptions/http-late-lag', ADMIN, { topic: 'late-lag' });
+    const lagOf = async (name: string) => (await call('GET', `/v1/subscriptions/${name}`, READER)).json();
+    const drainAll = async (name: string) => {
+      const got: number[] = [];
+      for (;;) {
+        const r = await call('POST', `/v1/subscriptions/${name}/receive`, ISSUER, {});
+        if (r.json().receipt === null) return got;
+        got.push(...labels(r));
+        await call('POST', `/v1/subscriptions/${name}/ack`, ISSUER, { receipt: r.json().receipt });
+      }
+    };
+    const writer = new pg.Client({ connectionString: server.url });
+    await writer.connect();
+    try {
+      await writer.query('BEGIN');
+      await writer.query(`SELECT ordo.append('late-lag', 'n', '{"n": 1}')`);
+      await append('late-lag', [2, 3]);
+      expect(await drainAll('http-late-lag')).toEqual([2, 3]);
+      expect(await lagOf('http-late-lag')).toMatchObject({ messagesBehind: 0, waiting: 1 });
+      await writer.query('COMMIT');
+    } finally {
+      await writer.end();
+    }
+    // Below the position delivered, of a transaction the last round saw running.
+    expect(await lagOf('http-late-lag')).toMatchObject({ messagesBehind: 1, waiting: 0 });
+    expect(await drainAll('http-late-lag')).toEqual([1]);
+    expect(await lagOf('http-late-lag')).toMatchObject({ messagesBehind: 0, delivered: 3 });
+
+    // A backlog past the cap: counted up to 10,000, not read to its end.
+    await call('PUT', '/v1/subscriptions/http-capped', ADMIN, { topic: 'capped', partitions: 2 });
+    await sql(`SELECT count(*) FROM ordo.append_many('capped', array_fill('m'::text, ARRAY[20500]),
+      array_fill('1'::jsonb, ARRAY[20500]), array_fill(NULL::text, ARRAY[20500]),
+      array_fill(NULL::text, ARRAY[20500]), array_fill('{}'::jsonb, ARRAY[20500]))`);
+    const capped = await lagOf('http-capped');
+    // No key: every message in one partition.
+    expect(capped.partitions.map((p: { messagesBehind: number }) => p.messagesBehind).sort()).toEqual([
+      0, 10_000,
+    ]);
+    expect(capped.messagesBehind).toBe(10_000);
+    expect(capped.oldestAgeMs).toBeGreaterThanOrEqual(0);
+  });
+
+  it('a subscription removed while its lag is read is subscription_not_found (404), never a 500', async () => {
+    // What the last statement of subscription_lag sees when the subscription is removed after
+    // its first: a subscription without partitions.
+    await sql(`INSERT INTO ordo.subscriptions (name, topic) VALUES ('half-removed', 'gone')`);
+    try {
+      const one = await call('GET', '/v1/subscriptions/half-removed', READER);
+      expect([one.statusCode, one.json().code]).toEqual([404, 'subscription_not_found']);
+      const all = await call('GET', '/v1/subscriptions', READER);
+      expect(all.statusCode).toBe(200);
+      expect(all.json().map((s: { name: string }) => s.name)).not.toContain('half-removed');
+    } finally {
+      await sql(`DELETE FROM ordo.subscriptions WHERE name = 'half-removed'`);
+    }
+    // And removed for real while lags are read.
+    for (let i = 0; i < 20; i++) {
+      await ordo.outbox.createSubscription({ name: `flicker-${i}`, topic: 'flicker', partitions: 4 });
+      const [lag] = await Promise.all([
+        call('GET', `/v1/subscriptions/flicker-${i}`, READER),
+        ordo.outbox.removeSubscription(`flicker-${i}`),
+      ]);
+      expect([200, 404], lag.body).toContain(lag.statusCode);
+    }
   });
 });

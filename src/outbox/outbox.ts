@@ -326,7 +326,7 @@ export class Outbox {
             Math.round(retryDelay(i + 1, 100, 30_000)),
           )
         : [durationOption('retryAfter', o.retryAfter, 0, DAY_MS)];
-    const { rows } = await this.run(this.plans.nack, [
+    const { rows } = await this.run(this.plans.nackReceipt, [
       name,
       r.partition,
       r.owner,

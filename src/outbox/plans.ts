@@ -40,6 +40,8 @@ export function outboxPlans(schema: string) {
     release: `SELECT ${s}.release_partition($1, $2, $3) AS released`,
     ack: `SELECT ${s}.ack($1, $2, $3, $4::bigint, $5, $6, $7) AS handled`,
     nack: `SELECT outcome, attempts FROM ${s}.nack($1, $2, $3, $4::bigint, $5, $6, $7, $8, $9)`,
+    /** The same for a receipt (HTTP): refused once its lease has lapsed, even if nobody took it. */
+    nackReceipt: `SELECT outcome, attempts FROM ${s}.nack($1, $2, $3, $4::bigint, $5, $6, $7, $8, $9, true)`,
     seek: `SELECT ${s}.seek_subscription($1, $2) AS moved`,
     firstSince: `SELECT ${s}.first_position_since($1, $2) AS first`,
     lag: `SELECT name, topic, partitions, partition, owner, lease_until, position, attempts, last_error, delivered,

@@ -42,6 +42,7 @@ const PARTITION_LAG = {
     attempts: { type: 'integer' },
     lastError: { type: ['string', 'null'] },
     delivered: { type: 'integer' },
+    redelivered: { type: 'integer', description: 'messages handed out again (a failure, a lapsed lease)' },
     checkpointedAt: DATE,
   },
 } as const;
@@ -69,6 +70,8 @@ const LAG = {
     attempts: { type: 'integer' },
     lastError: { type: ['string', 'null'] },
     delivered: { type: 'integer' },
+    redelivered: { type: 'integer', description: 'messages handed out again (a failure, a lapsed lease)' },
+    deadLettered: { type: 'integer', description: 'messages parked in dead letters' },
     checkpointedAt: DATE,
     partitions: { type: 'array', items: PARTITION_LAG },
   },
