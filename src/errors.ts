@@ -10,6 +10,7 @@ export const ERROR_CODES = {
   sequence_not_found: 404,
   sequence_exists: 409,
   sequence_exhausted: 409,
+  serialization_failure: 409,
   subscription_not_found: 404,
   subscription_conflict: 409,
   subscription_busy: 409,
@@ -144,6 +145,11 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
       error,
       statement,
     );
+  }
+  if (sqlstate === '40001' && table === 'counters') {
+    // A REPEATABLE READ or SERIALIZABLE commit numbering rows of a counter another transaction
+    // numbered since its snapshot (0013's number_at_commit): retry the transaction.
+    return wrap('serialization_failure', message, error, statement);
   }
   if (/timeout exceeded when trying to connect/i.test(message)) {
     return wrap(

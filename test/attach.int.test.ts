@@ -2,8 +2,9 @@ import { spawn } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type Ordo, OrdoError } from '../src/index.js';
-import { type OrdoDatabase, ordoDatabase, type TestDatabase } from './support/database.js';
+import { loadMigrations } from '../src/db/migrations.js';
+import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
+import { freshDatabase, type OrdoDatabase, ordoDatabase, type TestDatabase } from './support/database.js';
 
 let t: OrdoDatabase;
 let db: TestDatabase;
@@ -556,12 +557,468 @@ describe('the period is the one of the commit', () => {
       timeZone: 'UTC',
       format: '{YYYY}-{MM}-{DD}/{n}',
     });
-    await sql.query('CREATE TABLE clocked (number bigint, label text, started timestamptz)');
+    await sql.query(`
+      CREATE TABLE clocked (number bigint, label text, started timestamptz);
+      CREATE TABLE clocked_instants (numbered_at timestamptz, started timestamptz);
+      -- The user's own trigger at commit, after ordo's (same event: alphabetical order), sees
+      -- the instant the commit was numbered as of.
+      CREATE FUNCTION record_instant() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        INSERT INTO clocked_instants VALUES (current_setting('ordo.commit_at')::timestamptz, now());
+        RETURN NULL;
+      END $$;
+      CREATE CONSTRAINT TRIGGER zz_record AFTER INSERT ON clocked DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW EXECUTE FUNCTION record_instant();`);
     await ordo.sequences.attach('at_clock', { table: 'clocked', column: 'number', textColumn: 'label' });
-    await transaction([`INSERT INTO clocked (started) VALUES (now())`, 'SELECT pg_sleep(0.05)']);
+    await transaction([`INSERT INTO clocked (started) VALUES (now())`, 'SELECT pg_sleep(0.2)']);
+    const after = (await sql.query('SELECT clock_timestamp() AS at')).rows[0].at as Date;
     const { rows } = await sql.query(
       `SELECT label, to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS today FROM clocked`,
     );
     expect(rows[0].label).toBe(`${rows[0].today}/1`);
+    const [instant] = (await sql.query('SELECT * FROM clocked_instants')).rows;
+    // Numbered as of the commit: at least the 200 ms slept after the transaction's start.
+    expect(instant.numbered_at.getTime()).toBeGreaterThanOrEqual(instant.started.getTime() + 200);
+    expect(instant.numbered_at.getTime()).toBeLessThanOrEqual(after.getTime());
+  });
+});
+
+/**
+ * A connection of its own, with the session settings given (DateStyle, TimeZone …): release it
+ * with release(true), so that no other test gets its settings.
+ */
+async function session(settings: Record<string, string> = {}): Promise<pg.PoolClient> {
+  const client = await sql.connect();
+  for (const [name, value] of Object.entries(settings)) {
+    await client.query(`SELECT set_config($1, $2, false)`, [name, value]);
+  }
+  return client;
+}
+
+/** Runs until PostgreSQL shows `pid` waiting for a lock. */
+async function waitingForLock(pid: number): Promise<void> {
+  for (let i = 0; i < 250; i++) {
+    const { rows } = await sql.query(
+      `SELECT count(*)::int AS n FROM pg_locks WHERE pid = $1 AND NOT granted`,
+      [pid],
+    );
+    if (rows[0].n > 0) return;
+    await sleep(20);
+  }
+  throw new Error(`pid ${pid} never waited`);
+}
+
+interface Failure {
+  code?: string;
+  table?: string;
+  message?: string;
+}
+
+describe('REPEATABLE READ and SERIALIZABLE', () => {
+  /**
+   * Inserts one row per transaction at `isolation`, retrying every failed one as PostgreSQL
+   * asks for 40001; returns the failures.
+   */
+  async function writers(table: string, isolation: string, count: number, each: number): Promise<Failure[]> {
+    const failures: Failure[] = [];
+    await Promise.all(
+      Array.from({ length: count }, async () => {
+        for (let done = 0; done < each;) {
+          await transaction([
+            `SET TRANSACTION ISOLATION LEVEL ${isolation}`,
+            `INSERT INTO ${table} DEFAULT VALUES`,
+            'SELECT pg_sleep(0.005)',
+          ]).then(
+            () => done++,
+            (e: Failure) => failures.push({ code: e.code, table: e.table, message: e.message }),
+          );
+        }
+      }),
+    );
+    return failures;
+  }
+
+  const refusal =
+    /The sequence '(\w+)' numbers (\w+) at commit, and another transaction numbered the same counter \(scope ''\) after this (REPEATABLE READ|SERIALIZABLE) transaction took its snapshot.*Retry the transaction.*READ COMMITTED/;
+
+  it('8 writers at REPEATABLE READ on one counter: commits that lost the race fail with 40001 saying why, retries number 1..n', async () => {
+    await ordo.sequences.define({ name: 'at_rr' });
+    await sql.query('CREATE TABLE rr (number bigint)');
+    await ordo.sequences.attach('at_rr', { table: 'rr', column: 'number' });
+    const failures = await writers('rr', 'REPEATABLE READ', 8, 10);
+    // Under this load nearly every commit races another: PostgreSQL refuses to update the
+    // counter a later commit changed, as it refuses any such update at REPEATABLE READ.
+    expect(failures.length).toBeGreaterThan(0);
+    for (const f of failures) {
+      expect(f).toMatchObject({ code: '40001', table: 'counters', message: expect.stringMatching(refusal) });
+    }
+    const { rows } = await sql.query('SELECT number FROM rr ORDER BY number');
+    expect(rows.map((r) => Number(r.number))).toEqual(range(80));
+    expect(await counter('at_rr')).toBe(80);
+  });
+
+  it('SERIALIZABLE too; a transaction that nobody raced commits, however many rows it numbers', async () => {
+    await ordo.sequences.define({ name: 'at_ser' });
+    await sql.query('CREATE TABLE ser (number bigint)');
+    await ordo.sequences.attach('at_ser', { table: 'ser', column: 'number' });
+    const failures = await writers('ser', 'SERIALIZABLE', 4, 5);
+    for (const f of failures) expect(f).toMatchObject({ code: '40001', table: 'counters' });
+    // Alone on the counter, a bulk insert at either level is numbered in one go.
+    await transaction([
+      'SET TRANSACTION ISOLATION LEVEL SERIALIZABLE',
+      'INSERT INTO ser SELECT FROM generate_series(1, 300)',
+    ]);
+    await transaction([
+      'SET TRANSACTION ISOLATION LEVEL REPEATABLE READ',
+      'INSERT INTO ser SELECT FROM generate_series(1, 300)',
+    ]);
+    const { rows } = await sql.query('SELECT number FROM ser ORDER BY number');
+    expect(rows.map((r) => Number(r.number))).toEqual(range(620));
+  });
+
+  it('names the counter raced (a scope) and consumes nothing; through ordo.transaction it is serialization_failure (409)', async () => {
+    await ordo.sequences.define({ name: 'at_rr_scoped' });
+    await sql.query('CREATE TABLE rr_scoped (tenant text, number bigint)');
+    await ordo.sequences.attach('at_rr_scoped', {
+      table: 'rr_scoped',
+      column: 'number',
+      scopeColumn: 'tenant',
+    });
+    const e = await ordo
+      .transaction(async (tx) => {
+        await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
+        await tx.query(`INSERT INTO rr_scoped (tenant) VALUES ('a'), ('b'), ('b')`);
+        // Another transaction numbers b's counter after this one's snapshot.
+        await transaction([`INSERT INTO rr_scoped (tenant) VALUES ('b')`]);
+      })
+      .catch((x: unknown) => x);
+    expect(e).toBeInstanceOf(OrdoError);
+    expect(e).toMatchObject({ code: 'serialization_failure', httpStatus: 409 });
+    expect((e as OrdoError).message).toMatch(
+      /The sequence 'at_rr_scoped' numbers rr_scoped at commit, and another transaction numbered the same counter \(scope 'b'\) after this REPEATABLE READ transaction/,
+    );
+    // a's number went back with the rest of the transaction.
+    expect(await counter('at_rr_scoped', 'a')).toBeNull();
+    expect(await counter('at_rr_scoped', 'b')).toBe(1);
+    // The retry commits.
+    await ordo.transaction(async (tx) => {
+      await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
+      await tx.query(`INSERT INTO rr_scoped (tenant) VALUES ('a'), ('b'), ('b')`);
+    });
+    const { rows } = await sql.query('SELECT tenant, number FROM rr_scoped ORDER BY tenant, number');
+    expect(rows.map((r) => `${r.tenant}${r.number}`)).toEqual(['a1', 'b1', 'b2', 'b3']);
+  });
+});
+
+describe('no deadlock, whoever writes and however the session is set', () => {
+  it('commits inserting straight into partitions, in opposite orders, a partition attached later too', async () => {
+    await ordo.sequences.define({ name: 'at_part_cross' });
+    await sql.query(`
+      CREATE TABLE pcross (region text NOT NULL, number bigint) PARTITION BY LIST (region);
+      CREATE TABLE pcross_eu PARTITION OF pcross FOR VALUES IN ('eu');`);
+    await ordo.sequences.attach('at_part_cross', {
+      table: 'pcross',
+      column: 'number',
+      scopeColumn: 'region',
+    });
+    await sql.query(`
+      CREATE TABLE pcross_us (region text NOT NULL, number bigint);
+      ALTER TABLE pcross ATTACH PARTITION pcross_us FOR VALUES IN ('us');`);
+    const failures: string[] = [];
+    await Promise.all(
+      Array.from({ length: 12 }, async (_, w) => {
+        for (let i = 0; i < 25; i++) {
+          const order = (w + i) % 2 === 0 ? ['eu', 'us'] : ['us', 'eu'];
+          await transaction(
+            order
+              .map((r) => `INSERT INTO pcross_${r} (region) VALUES ('${r}')`)
+              .concat('SELECT pg_sleep(0.001)'),
+          ).catch((e: { code?: string }) => failures.push(e.code ?? String(e)));
+        }
+      }),
+    );
+    expect(failures).toEqual([]);
+    for (const region of ['eu', 'us']) {
+      const { rows } = await sql.query('SELECT number FROM pcross WHERE region = $1 ORDER BY number', [
+        region,
+      ]);
+      expect(rows.map((r) => Number(r.number))).toEqual(range(300));
+    }
+  });
+
+  it('two sessions with different DateStyles lock the same counters', async () => {
+    await ordo.sequences.define({ name: 'at_style_a', reset: 'day' });
+    await ordo.sequences.define({ name: 'at_style_b', reset: 'day' });
+    await sql.query('CREATE TABLE style_a (number bigint); CREATE TABLE style_b (number bigint)');
+    await ordo.sequences.attach('at_style_a', { table: 'style_a', column: 'number' });
+    await ordo.sequences.attach('at_style_b', { table: 'style_b', column: 'number' });
+    const iso = await session({ DateStyle: 'ISO, MDY' });
+    const dmy = await session({ DateStyle: 'SQL, DMY' });
+    try {
+      const statements = [
+        `SET LOCAL ordo.commit_at = '2026-01-02T10:00:00Z'`,
+        'INSERT INTO style_a DEFAULT VALUES',
+        'INSERT INTO style_b DEFAULT VALUES',
+      ];
+      for (const s of ['BEGIN', ...statements]) await iso.query(s);
+      // What the first row numbered at commit does: lock every counter the commit needs.
+      await iso.query(`SELECT ${S}.lock_pending_counters()`);
+      for (const s of ['BEGIN', ...statements.reverse()]) await dmy.query(s);
+      const pid = (await dmy.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+      const locking = dmy.query(`SELECT ${S}.lock_pending_counters()`);
+      await waitingForLock(pid);
+      await iso.query('COMMIT');
+      await locking;
+      await dmy.query('COMMIT');
+    } finally {
+      iso.release(true);
+      dmy.release(true);
+    }
+    for (const table of ['style_a', 'style_b']) {
+      expect((await sql.query(`SELECT number FROM ${table} ORDER BY number`)).rows).toEqual([
+        { number: '1' },
+        { number: '2' },
+      ]);
+    }
+  });
+});
+
+describe('a sequence is not changed under its attachments', () => {
+  it('a removal waits for an attach in flight, then refuses', async () => {
+    await ordo.sequences.define({ name: 'at_race_remove' });
+    await sql.query('CREATE TABLE race_remove (number bigint)');
+    const attaching = await sql.connect();
+    try {
+      await attaching.query('BEGIN');
+      await attaching.query(`SELECT ${S}.attach_sequence('at_race_remove', 'race_remove', 'number')`);
+      let settled = false;
+      const removing = ordo.sequences.remove('at_race_remove').finally(() => (settled = true));
+      removing.catch(() => undefined);
+      await sleep(300);
+      expect(settled).toBe(false);
+      await attaching.query('COMMIT');
+      await rejects(removing, 'invalid_argument', /numbers race_remove\(number\) at commit: detach it first/);
+    } finally {
+      attaching.release();
+    }
+    await transaction(['INSERT INTO race_remove DEFAULT VALUES']);
+    expect((await sql.query('SELECT number FROM race_remove')).rows).toEqual([{ number: '1' }]);
+  });
+
+  it('an attached sequence cannot become batched, also when the attach is in flight; detached, it can', async () => {
+    await ordo.sequences.define({ name: 'at_kind' });
+    await sql.query('CREATE TABLE kind_a (number bigint); CREATE TABLE kind_b (number bigint)');
+    await ordo.sequences.attach('at_kind', { table: 'kind_a', column: 'number' });
+    await rejects(
+      ordo.sequences.define({ name: 'at_kind', kind: 'batched', overwrite: true }),
+      'invalid_argument',
+      /The sequence 'at_kind' numbers kind_a\(number\) at commit: it cannot become batched; detach it first/,
+    );
+    const [q] = await ordo.query('DEFINE SEQUENCE OVERWRITE at_kind BATCH 10');
+    expect(q).toMatchObject({ code: 'invalid_argument' });
+    await ordo.sequences.detach('at_kind', { table: 'kind_a', column: 'number' });
+
+    const attaching = await sql.connect();
+    try {
+      await attaching.query('BEGIN');
+      await attaching.query(`SELECT ${S}.attach_sequence('at_kind', 'kind_b', 'number')`);
+      const redefining = ordo.sequences.define({ name: 'at_kind', kind: 'batched', overwrite: true });
+      redefining.catch(() => undefined);
+      await sleep(200);
+      await attaching.query('COMMIT');
+      await rejects(
+        redefining,
+        'invalid_argument',
+        /numbers kind_b\(number\) at commit: it cannot become batched/,
+      );
+    } finally {
+      attaching.release();
+    }
+    await transaction(['INSERT INTO kind_b DEFAULT VALUES']);
+    expect((await sql.query('SELECT number FROM kind_b')).rows).toEqual([{ number: '1' }]);
+    // Other changes of an attached sequence are allowed; detached, it may change kind.
+    await ordo.sequences.define({ name: 'at_kind', format: 'K-{n}', overwrite: true });
+    await ordo.sequences.detach('at_kind', { table: 'kind_b', column: 'number' });
+    expect(await ordo.sequences.define({ name: 'at_kind', kind: 'batched', overwrite: true })).toMatchObject({
+      kind: 'batched',
+    });
+  });
+});
+
+describe('session settings do not change numbers', () => {
+  it('the instant of a commit reads back the same whatever DateStyle and TimeZone say', async () => {
+    // 'Postgres' prints time zone abbreviations; IST is Israel's (+02) in PostgreSQL's default
+    // set, so Kolkata's IST (+05:30) printed and read back was another instant.
+    const c = await session({ DateStyle: 'Postgres, DMY', TimeZone: 'Asia/Kolkata' });
+    try {
+      await c.query('BEGIN');
+      // Compared as numbers: node-pg cannot read timestamps printed the 'Postgres' way.
+      const epoch = `SELECT extract(epoch FROM ${S}.commit_instant())::text AS at`;
+      const first = (await c.query(epoch)).rows[0].at;
+      const again = (await c.query(epoch)).rows[0].at;
+      expect(again).toBe(first);
+      const kept = (await c.query(`SELECT current_setting('ordo.commit_at') AS t`)).rows[0].t;
+      expect(kept).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/);
+      await c.query('ROLLBACK');
+    } finally {
+      c.release(true);
+    }
+  });
+
+  it('a scope column is text, varchar, an integer or a uuid: a date, a timestamp or a float is refused', async () => {
+    await ordo.sequences.define({ name: 'at_scope_types' });
+    await sql.query(`
+      CREATE DOMAIN tenant_code AS text;
+      CREATE TABLE scope_types (number bigint, d date, ts timestamptz, f double precision, n numeric,
+                                v varchar(20), i integer, b bigint, u uuid, t tenant_code)`);
+    for (const [column, type] of [
+      ['d', 'date'],
+      ['ts', 'timestamp with time zone'],
+      ['f', 'double precision'],
+      ['n', 'numeric'],
+    ]) {
+      await rejects(
+        ordo.sequences.attach('at_scope_types', {
+          table: 'scope_types',
+          column: 'number',
+          scopeColumn: column,
+        }),
+        'invalid_argument',
+        new RegExp(
+          `The column ${column} of scope_types \\(the scope column\\) is ${type}: it must be text, varchar, smallint, integer, bigint or uuid`,
+        ),
+      );
+    }
+    for (const column of ['v', 'i', 'b', 'u', 't']) {
+      expect(
+        await ordo.sequences.attach('at_scope_types', {
+          table: 'scope_types',
+          column: 'number',
+          scopeColumn: column,
+        }),
+      ).toBe(true);
+      await ordo.sequences.detach('at_scope_types', { table: 'scope_types', column: 'number' });
+    }
+  });
+});
+
+describe('detach waits a bounded time for the table', () => {
+  it('an idle reader holds the table: detach gives up after lockTimeout, changing nothing', async () => {
+    await ordo.sequences.define({ name: 'at_reader' });
+    await sql.query('CREATE TABLE read_only (number bigint)');
+    await ordo.sequences.attach('at_reader', { table: 'read_only', column: 'number' });
+    const reader = await sql.connect();
+    try {
+      await reader.query('BEGIN');
+      await reader.query('SELECT * FROM read_only');
+      const started = Date.now();
+      await rejects(
+        ordo.sequences.detach('at_reader', { table: 'read_only', column: 'number', lockTimeout: '300ms' }),
+        'timeout',
+        /detach did not get read_only within 300 ms: a transaction is reading or writing it.*Nothing was changed; retry when that transaction has ended/,
+      );
+      expect(Date.now() - started).toBeLessThan(3000);
+      // Readers arriving meanwhile were not queued for longer than that.
+      expect((await sql.query('SELECT count(*)::int AS n FROM read_only')).rows[0].n).toBe(0);
+      expect(await ordo.sequences.attachments('at_reader')).toHaveLength(1);
+      await rejects(
+        ordo.sequences.detach('at_reader', { table: 'read_only', column: 'number', lockTimeout: 0 }),
+        'invalid_argument',
+        /lockTimeout must be a duration from 1ms/,
+      );
+      await reader.query('COMMIT');
+    } finally {
+      reader.release();
+    }
+    expect(await ordo.sequences.detach('at_reader', { table: 'read_only', column: 'number' })).toBe(true);
+    // No trigger of ordo is left on the table.
+    const { rows } = await sql.query(`SELECT tgname FROM pg_trigger WHERE tgrelid = 'read_only'::regclass`);
+    expect(rows).toEqual([]);
+  });
+
+  it('from SQL, the caller keeps its own lock_timeout', async () => {
+    await ordo.sequences.define({ name: 'at_sql_detach' });
+    await sql.query('CREATE TABLE sql_detach (number bigint)');
+    await ordo.sequences.attach('at_sql_detach', { table: 'sql_detach', column: 'number' });
+    const out = await psql(
+      `SET lock_timeout = '7s';\nSELECT ${S}.detach_sequence('at_sql_detach', 'sql_detach', 'number');\nSHOW lock_timeout;\n`,
+    );
+    expect(out).toContain('7s');
+    expect(await ordo.sequences.attachments('at_sql_detach')).toEqual([]);
+  });
+});
+
+describe('attachments made before 0013', () => {
+  it('keep numbering after the upgrade, noted by the new row trigger, and detach drops what they had', async () => {
+    const old = await freshDatabase();
+    const pool = old.pool(16);
+    let upgraded: Ordo | undefined;
+    try {
+      // The schema as ordo left it before 0013, with an attachment made by its functions.
+      await pool.query(`CREATE SCHEMA ordo;
+        CREATE TABLE ordo.migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`);
+      for (const m of loadMigrations().filter((x) => x.version < 13)) {
+        await pool.query(m.sql.replaceAll('{{schema}}', '"ordo"').replaceAll('{{schema_name}}', 'ordo'));
+        await pool.query('INSERT INTO ordo.migrations (version, name) VALUES ($1, $2)', [m.version, m.name]);
+      }
+      await pool.query(`
+        SELECT * FROM ordo.define_sequence('old_parts', 'gapless', 1, 1, 1, 9007199254740991, false, 1, NULL,
+                                           'never', 'UTC', NULL, 'create', 1);
+        CREATE TABLE old_parts (region text NOT NULL, number bigint) PARTITION BY LIST (region);
+        CREATE TABLE old_parts_eu PARTITION OF old_parts FOR VALUES IN ('eu');
+        CREATE TABLE old_parts_us PARTITION OF old_parts FOR VALUES IN ('us');
+        SELECT ordo.attach_sequence('old_parts', 'old_parts', 'number', 'region');
+        INSERT INTO old_parts (region) VALUES ('eu'), ('us');`);
+
+      upgraded = await createOrdo({ databaseUrl: old.url, poolSize: 2 });
+      expect(await upgraded.sequences.attachments('old_parts')).toEqual([
+        {
+          sequence: 'old_parts',
+          table: 'old_parts',
+          column: 'number',
+          scopeColumn: 'region',
+          textColumn: null,
+        },
+      ]);
+      // Straight into the partitions, in opposite orders: no deadlock.
+      const failures: string[] = [];
+      await Promise.all(
+        Array.from({ length: 8 }, async (_, w) => {
+          for (let i = 0; i < 20; i++) {
+            const order = (w + i) % 2 === 0 ? ['eu', 'us'] : ['us', 'eu'];
+            const client = await pool.connect();
+            try {
+              await client.query('BEGIN');
+              for (const r of order)
+                await client.query(`INSERT INTO old_parts_${r} (region) VALUES ('${r}')`);
+              await client.query('SELECT pg_sleep(0.001)');
+              await client.query('COMMIT');
+            } catch (e) {
+              failures.push((e as { code?: string }).code ?? String(e));
+              await client.query('ROLLBACK').catch(() => undefined);
+            } finally {
+              client.release();
+            }
+          }
+        }),
+      );
+      expect(failures).toEqual([]);
+      for (const region of ['eu', 'us']) {
+        const { rows } = await pool.query('SELECT number FROM old_parts WHERE region = $1 ORDER BY number', [
+          region,
+        ]);
+        expect(rows.map((r) => Number(r.number))).toEqual(range(161));
+      }
+      expect(await upgraded.sequences.detach('old_parts', { table: 'old_parts', column: 'number' })).toBe(
+        true,
+      );
+      const { rows } = await pool.query(
+        `SELECT tgname FROM pg_trigger WHERE tgrelid IN ('old_parts'::regclass, 'old_parts_eu'::regclass, 'old_parts_us'::regclass)`,
+      );
+      expect(rows).toEqual([]);
+    } finally {
+      await upgraded?.close();
+      await old.drop();
+    }
   });
 });

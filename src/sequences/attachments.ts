@@ -1,3 +1,4 @@
+import { durationOption } from '../durations.js';
 import { identifier, knownKeys, plainObject, text } from '../validate.js';
 
 /** Where a sequence writes its numbers at commit. */
@@ -10,7 +11,11 @@ export interface AttachOptions {
   table: string;
   /** The column receiving the value (bigint, integer, smallint or numeric; nullable, no default). */
   column: string;
-  /** The column whose value (as text) is the scope: numbering per tenant. Null counts as ''. */
+  /**
+   * The column whose value (as text) is the scope: numbering per tenant. Null counts as ''.
+   * text, varchar, smallint, integer, bigint or uuid: the text of a date, a timestamp or a
+   * float depends on the session's settings, and would put the same row in other counters.
+   */
   scopeColumn?: string;
   /** A text column receiving the formatted number. */
   textColumn?: string;
@@ -19,6 +24,13 @@ export interface AttachOptions {
 export interface DetachOptions {
   table: string;
   column: string;
+  /**
+   * How long to wait for the table (milliseconds, or a duration such as '10s'); 5s by default.
+   * Removing the triggers needs the table alone, so detach waits for every transaction reading
+   * or writing it, and statements arriving meanwhile queue behind it. Past this, detach fails
+   * with `timeout` and changes nothing.
+   */
+  lockTimeout?: number | string;
 }
 
 export interface Attachment {
@@ -44,7 +56,10 @@ export interface CounterHolder {
   /** 'idle in transaction' is the forgotten one; 'active' a long statement. */
   state: string | null;
   applicationName: string | null;
-  /** Transactions waiting for it to end. */
+  /**
+   * Transactions waiting for it: on this counter when PostgreSQL shows which row a waiter wants,
+   * else on the holder's first counter (so that a sum over counters counts each waiter once).
+   */
   waiting: number;
 }
 
@@ -75,13 +90,20 @@ export function checkAttach(sequence: string, options: AttachOptions): [string, 
   ];
 }
 
-export function checkDetach(sequence: string, options: DetachOptions): [string, string, string] {
+/** detach's wait for the table by default, and at most. */
+export const DETACH_LOCK_TIMEOUT_MS = 5_000;
+const MAX_DETACH_LOCK_TIMEOUT_MS = 3_600_000;
+
+export function checkDetach(sequence: string, options: DetachOptions): [string, string, string, number] {
   const o = plainObject('detach options', options);
-  knownKeys('sequences.detach', o, ['table', 'column']);
+  knownKeys('sequences.detach', o, ['table', 'column', 'lockTimeout']);
   return [
     identifier('name', sequence),
     text('table', o.table, 1, MAX_TABLE_LENGTH),
     text('column', o.column, 1, MAX_COLUMN_LENGTH),
+    o.lockTimeout === undefined
+      ? DETACH_LOCK_TIMEOUT_MS
+      : durationOption('lockTimeout', o.lockTimeout, 1, MAX_DETACH_LOCK_TIMEOUT_MS),
   ];
 }
 

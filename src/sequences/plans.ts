@@ -40,7 +40,8 @@ export function sequencePlans(schema: string) {
     takeOnce: `SELECT value, text, period, replayed FROM ${s}.take_once($1, $2, coalesce($3::timestamptz, now()), $4, $5) ${durable}`,
     /** Numbers a table's column at commit (a deferred trigger); false when attached so already. */
     attach: `SELECT ${s}.attach_sequence($1, $2, $3, $4, $5) AS attached`,
-    detach: `SELECT ${s}.detach_sequence($1, $2, $3) AS detached`,
+    /** Waits at most $4 ms for the table's lock (DROP TRIGGER queues every reader behind it). */
+    detach: `SELECT ${s}.detach_sequence($1, $2, $3, $4) AS detached`,
     /** Attachments of one sequence ($1) or of all (null). */
     attachments: `SELECT sequence, table_name::text AS table_name, column_name, scope_column, text_column
       FROM ${s}.attachments WHERE $1::text IS NULL OR sequence = $1 ORDER BY sequence, table_name::text, column_name`,
