@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { buildServer } from '../src/server/app.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import { runCliSync } from './support/server-process.js';
 
 let db: TestDatabase;
@@ -21,8 +22,8 @@ afterAll(async () => {
 });
 
 /** A connection of its own, named as an application would name it. */
-async function connection(applicationName: string): Promise<pg.Client> {
-  const client = new pg.Client({ connectionString: db.url, application_name: applicationName });
+async function connection(applicationName: string, url = db.url): Promise<pg.Client> {
+  const client = new pg.Client({ connectionString: url, application_name: applicationName });
   client.on('error', () => undefined);
   await client.connect();
   clients.push(client);
@@ -144,5 +145,97 @@ describe('holders() names the transaction holding a counter', () => {
       message: "The sequence 'h_nowhere' does not exist",
     });
     await expect(ordo.sequences.holders('no such')).rejects.toMatchObject({ code: 'invalid_argument' });
+  });
+
+  it('counts each waiter once: on the counter whose row it waits for, else on the holder’s first counter', async () => {
+    await ordo.sequences.define({ name: 'h_two' });
+    await ordo.sequences.next('h_two', { scope: 'a' });
+    await ordo.sequences.next('h_two', { scope: 'b' });
+    const holder = await connection('two-counters');
+    await holder.query('BEGIN');
+    await ordo.sequences.next('h_two', { scope: 'a', tx: holder });
+    await ordo.sequences.next('h_two', { scope: 'b', tx: holder });
+
+    // Two take a number of a: INSERT … ON CONFLICT waits for the holder's transaction alone,
+    // naming no row. Two lock b's row: the first holds its tuple lock and waits for the
+    // holder, the second waits for the tuple lock.
+    const takers = await Promise.all(['ta1', 'ta2'].map((n) => connection(n)));
+    const lockers = await Promise.all(['lb1', 'lb2'].map((n) => connection(n)));
+    const taking = takers.map(async (w) => {
+      await w.query('BEGIN');
+      const issued = await ordo.sequences.next('h_two', { scope: 'a', tx: w });
+      await w.query('COMMIT');
+      return issued.value;
+    });
+    const locking = lockers.map((w) =>
+      w.query(
+        `SELECT value FROM "${ordo.schema}".counters WHERE sequence = 'h_two' AND scope = 'b' FOR UPDATE`,
+      ),
+    );
+    const held = await until(
+      () => ordo.sequences.holders('h_two'),
+      (h) => h.reduce((n, x) => n + x.waiting, 0) === 4,
+    );
+    expect(held.map((h) => [h.scope, h.waiting])).toEqual([
+      ['a', 2],
+      ['b', 2],
+    ]);
+    await holder.query('COMMIT');
+    expect((await Promise.all(taking)).sort()).toEqual([3, 4]);
+    expect((await Promise.all(locking)).map((r) => r.rows[0].value)).toEqual(['2', '2']);
+    expect(await ordo.sequences.holders('h_two')).toEqual([]);
+  });
+});
+
+describe('holders() on a server with two-phase commit', () => {
+  let server: OwnPostgres | undefined;
+  let own: Ordo | undefined;
+
+  beforeAll(async () => {
+    // The machine's server has max_prepared_transactions = 0: one of this file's own.
+    server = await ownPostgres({ max_prepared_transactions: '2' });
+    own = await createOrdo({ databaseUrl: server.url, poolSize: 2 });
+  }, 120_000);
+  afterAll(async () => {
+    await own?.close();
+    await server?.stop();
+  });
+
+  it('names a prepared transaction holding a counter, with the one waiting behind it', async () => {
+    const o = own!;
+    await o.sequences.define({ name: 'h_prepared' });
+    await o.sequences.next('h_prepared');
+    const preparing = await connection('preparing', server!.url);
+    await preparing.query('BEGIN');
+    expect((await o.sequences.next('h_prepared', { tx: preparing })).value).toBe(2);
+    await preparing.query(`PREPARE TRANSACTION 'ordo-holder'`);
+    const waiter = await connection('after-prepared', server!.url);
+    try {
+      await waiter.query('BEGIN');
+      const waiting = o.sequences.next('h_prepared', { tx: waiter });
+      const held = await until(
+        () => o.sequences.holders('h_prepared'),
+        (h) => h[0]?.waiting === 1,
+      );
+      expect(held).toEqual([
+        {
+          sequence: 'h_prepared',
+          scope: '',
+          period: null,
+          pid: null,
+          preparedGid: 'ordo-holder',
+          openForMs: expect.any(Number),
+          state: null,
+          applicationName: null,
+          waiting: 1,
+        },
+      ]);
+      await preparing.query(`COMMIT PREPARED 'ordo-holder'`);
+      expect((await waiting).value).toBe(3);
+      await waiter.query('COMMIT');
+    } finally {
+      await preparing.query(`ROLLBACK PREPARED 'ordo-holder'`).catch(() => undefined);
+    }
+    expect(await o.sequences.holders('h_prepared')).toEqual([]);
   });
 });
