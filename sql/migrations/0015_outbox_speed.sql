@@ -7,6 +7,9 @@
 -- statement, so the batch returned and the version recorded cannot differ. What a batch holds,
 -- and in which order, is unchanged (see 0008).
 --
+-- Late messages (of transactions the base saw running) are looked for above the first position
+-- of the base's own cluster, whichever cluster the target is in.
+--
 -- append_many() without ON CONFLICT when no message has an id (see there).
 CREATE OR REPLACE FUNCTION {{schema}}.receive(sub_name text, part integer, sub_owner text, max_count integer, lease_ms bigint)
 RETURNS TABLE ("position" bigint, transaction_id xid8, topic text, type text, key text,
@@ -22,6 +25,7 @@ DECLARE
   sub {{schema}}.subscriptions;
   fresh boolean := false;
   here record;
+  base_floor bigint;
   limit_to integer;
 BEGIN
   IF max_count IS NULL OR max_count NOT BETWEEN 1 AND 10000 THEN
@@ -45,6 +49,12 @@ BEGIN
     st.target_snapshot := pg_current_snapshot();
   END IF;
   limit_to := CASE WHEN st.single_until IS NOT NULL THEN 1 ELSE max_count END;
+  -- What lies below the first position of the base's cluster was delivered whole by the round
+  -- that made the base; the base's transaction ids say nothing about it (0008 applied this
+  -- only to a base of the current cluster, so after two restores a message of the first
+  -- cluster whose id the base saw running came again).
+  base_floor := CASE WHEN st.cluster = st.target_cluster THEN st.target_floor
+                     ELSE coalesce((SELECT c.first_position FROM {{schema}}.clusters c WHERE c.cluster = st.cluster), 0) END;
   RETURN QUERY
   -- The first limit_to + 1 of the round, in position order (one more than is shown tells
   -- whether the round ends with this batch): above the base position and visible in the
@@ -68,8 +78,7 @@ BEGIN
       WHERE m.topic = sub.topic
         AND m.transaction_id = ANY (ARRAY(SELECT pg_snapshot_xip(st.base_snapshot)))
         AND m.position <= st.base_position AND m.position > st.progress
-        -- A base of this cluster: what lies below its first position was delivered whole.
-        AND (st.cluster <> st.target_cluster OR m.position >= st.target_floor)
+        AND m.position >= base_floor
         AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
         AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
       ORDER BY m.position LIMIT limit_to + 1)
@@ -81,7 +90,7 @@ BEGIN
         AND m.transaction_id >= pg_snapshot_xmax(st.base_snapshot)
         AND m.transaction_id <= coalesce(st.base_bound, '18446744073709551615'::xid8)
         AND m.position <= st.base_position AND m.position > st.progress
-        AND (st.cluster <> st.target_cluster OR m.position >= st.target_floor)
+        AND m.position >= base_floor
         AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
         AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
       ORDER BY m.position LIMIT limit_to + 1)),
