@@ -25,8 +25,10 @@ export {
 export {
   type AppendOptions,
   type DeadLetter,
+  MAX_ATTEMPTS,
   MAX_BATCH,
   MAX_PARTITIONS,
+  MAX_RECEIPT_LENGTH,
   type NackOptions,
   type NackResult,
   Outbox,

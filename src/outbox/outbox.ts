@@ -101,6 +101,10 @@ const DAY_MS = 86_400_000;
 export const MAX_PARTITIONS = 256;
 /** The most messages one batch may hold. */
 export const MAX_BATCH = 10_000;
+/** The most attempts a subscription or a nack may allow a message. */
+export const MAX_ATTEMPTS = 1_000_000;
+/** The longest receipt receive() hands out (partition.version.owner). */
+export const MAX_RECEIPT_LENGTH = 3 + 1 + 19 + 1 + 41;
 
 /** Where seek() moves a subscription: its first message, what commits from now on, or what was appended since a time. */
 export type SeekTarget = 'beginning' | 'now' | Date;
@@ -198,7 +202,8 @@ export class Outbox {
       topic,
       handler: o.handler as Handler<any>,
       batchSize: o.batchSize === undefined ? 100 : safeInteger('batchSize', o.batchSize, 1, MAX_BATCH),
-      maxAttempts: o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, 1_000_000),
+      maxAttempts:
+        o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, MAX_ATTEMPTS),
       onExhausted:
         o.onExhausted === undefined ? 'park' : oneOf('onExhausted', o.onExhausted, ['park', 'stop']),
       leaseMs: durationOption('lease', o.lease ?? '30s', 300, DAY_MS),
@@ -319,7 +324,7 @@ export class Outbox {
     knownKeys('nack options', o, ['error', 'retryAfter', 'maxAttempts']);
     const error = o.error === undefined ? 'nack' : text('error', o.error, 1, MAX_ERROR_LENGTH);
     const maxAttempts =
-      o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, 1_000_000);
+      o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, MAX_ATTEMPTS);
     const delays =
       o.retryAfter === undefined
         ? Array.from({ length: Math.min(maxAttempts, 32) }, (_, i) =>

@@ -1,21 +1,21 @@
 import type { FastifyInstance } from 'fastify';
 import {
   MAX_APPEND,
+  MAX_ATTEMPTS,
   MAX_BATCH,
   MAX_PARTITIONS,
+  MAX_RECEIPT_LENGTH,
   MAX_DURATION_TEXT,
   MAX_ERROR_LENGTH,
   MAX_TEXT,
   type MessageInput,
   type NackOptions,
+  OUTBOX_NAME_PATTERN,
   type Ordo,
 } from '../index.js';
 import { ERROR } from './schemas.js';
 
-const OUTBOX_NAME = {
-  type: 'string',
-  pattern: `^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,${MAX_TEXT - 1}}$`,
-} as const;
+const OUTBOX_NAME = { type: 'string', pattern: OUTBOX_NAME_PATTERN } as const;
 const TEXT = { type: ['string', 'null'], maxLength: MAX_TEXT } as const;
 const MESSAGE = {
   type: 'object',
@@ -82,7 +82,7 @@ const DURATION = {
     { type: 'integer', minimum: 0, description: 'milliseconds' },
   ],
 } as const;
-const RECEIPT = { type: 'string', minLength: 1, maxLength: 100 } as const;
+const RECEIPT = { type: 'string', minLength: 1, maxLength: MAX_RECEIPT_LENGTH } as const;
 const RECEIVED_MESSAGE = {
   type: 'object',
   properties: {
@@ -298,7 +298,7 @@ export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
             receipt: RECEIPT,
             error: { type: 'string', minLength: 1, maxLength: MAX_ERROR_LENGTH },
             retryAfter: DURATION,
-            maxAttempts: { type: 'integer', minimum: 1, maximum: 1_000_000 },
+            maxAttempts: { type: 'integer', minimum: 1, maximum: MAX_ATTEMPTS },
           },
         },
         response: {
