@@ -21,8 +21,24 @@
 //          nodeNow} (a granted permit is completed at once), `run <throttle> <ms>` →
 //          {"event":"ran", …} after run() with a task of <ms>, `exit`. (<throttle> on the
 //          command line is unused.)
+//   line   {instances?}: JSON commands, one per stdin line, each with a `tag`, run concurrently
+//          (so that one process holds many waiters); prints `ready` and needs no `go`:
+//          {"op":"acquire", tag, items, wait?, holdMs?, keep?, fail?: {error, retryAfter}}:
+//            acquireAll(items, { holder: tag, wait }) → {"event":"granted", tag, id, acquiredAt,
+//            expiresAt} or {"event":"refused", tag, reason, retryAfterMs, limit}; a grant is then
+//            held holdMs and completed (or failed with `fail`) → {"event":"ended", tag, id,
+//            acquiredAt, endedAt, outcome}, unless `keep` keeps it for {"op":"end", tag, fail?}.
+//          {"op":"loop", tag, workers, items, wait?, holdMs?, costs?}: `workers` loops, worker w
+//            asking items with the last item's cost costs[w % costs.length]; granted → held
+//            holdMs, completed → {"event":"grant", tag, worker, cost, id, acquiredAt, endedAt};
+//            refused → sleep retryAfterMs (at most 100 ms). {"op":"stop", tag} ends them (a wait
+//            in progress leaves the line) → {"event":"stopped", tag}.
+//          {"op":"setKeyLimits" | "removeKeyLimits", tag, name, key, limits?} → {"event":"done", tag, result}.
+//          {"op":"exit"}.
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
+// Types only: erased, so ordo is still loaded after the clock is skewed.
+import type { Permit } from '../../src/index.js';
 
 const skew = Number(process.env.THROTTLE_CLOCK_SKEW_MS ?? 0);
 if (skew !== 0) {
@@ -47,6 +63,7 @@ const options = JSON.parse(json ?? '{}') as {
   workers?: number;
   seconds?: number;
   tasks?: string;
+  poolSize?: number;
 };
 
 function emit(event: string, fields: Record<string, unknown> = {}): void {
@@ -54,8 +71,13 @@ function emit(event: string, fields: Record<string, unknown> = {}): void {
 }
 
 function fail(e: unknown): never {
-  const error = e as { code?: string; message?: string };
-  emit('error', { code: error.code ?? 'unknown', message: error.message ?? String(e) });
+  const error = e as { code?: string; message?: string; op?: string; tag?: string };
+  emit('error', {
+    code: error.code ?? 'unknown',
+    message: error.message ?? String(e),
+    op: error.op,
+    tag: error.tag,
+  });
   process.exit(1);
 }
 
@@ -96,11 +118,11 @@ async function nextCommand(): Promise<string> {
 const instances: Ordo[] = [];
 try {
   for (let i = 0; i < (options.instances ?? 1); i++)
-    instances.push(await createOrdo({ databaseUrl: url, poolSize: 3 }));
+    instances.push(await createOrdo({ databaseUrl: url, poolSize: options.poolSize ?? 3 }));
 } catch (e) {
   fail(e);
 }
-const pool = new pg.Pool({ connectionString: url, max: 2 });
+const pool = new pg.Pool({ connectionString: url, max: mode === 'line' ? 1 : 2 });
 pool.on('error', () => undefined);
 
 async function story(ordo: Ordo, worker: number): Promise<void> {
@@ -139,8 +161,133 @@ async function bucket(ordo: Ordo, until: number): Promise<void> {
   }
 }
 
+type Item = { name: string; key?: string; cost?: number };
+interface LineCommand {
+  op: string;
+  tag: string;
+  items?: Item[];
+  wait?: string | number;
+  holdMs?: number;
+  keep?: boolean;
+  fail?: { error?: string; retryAfter?: string | number };
+  workers?: number;
+  costs?: number[];
+  name?: string;
+  key?: string;
+  limits?: Record<string, unknown>;
+}
+
+/** The `line` mode: commands run concurrently, each answered by events with its tag. */
+async function lineMode(ordo: Ordo): Promise<void> {
+  const kept = new Map<string, Permit>();
+  const loops = new Map<string, { stop: AbortController; done: Promise<unknown> }>();
+  const ends = async (permit: Permit, c: LineCommand, tag: string) => {
+    const end =
+      c.fail === undefined
+        ? await permit.complete()
+        : await permit.fail(c.fail.error ?? 'failed', {
+            ...(c.fail.retryAfter === undefined ? {} : { retryAfter: c.fail.retryAfter }),
+          });
+    emit('ended', {
+      tag,
+      id: permit.id,
+      acquiredAt: permit.acquiredAt.toISOString(),
+      endedAt: end.endedAt.toISOString(),
+      outcome: end.outcome,
+    });
+  };
+  const acquire = async (c: LineCommand) => {
+    const got = await ordo.throttles.acquireAll(c.items!, {
+      holder: c.tag,
+      ...(c.wait === undefined ? {} : { wait: c.wait }),
+    });
+    if (!got.granted) {
+      emit('refused', { tag: c.tag, reason: got.reason, retryAfterMs: got.retryAfterMs, limit: got.limit });
+      return;
+    }
+    emit('granted', {
+      tag: c.tag,
+      id: got.id,
+      acquiredAt: got.acquiredAt.toISOString(),
+      expiresAt: got.expiresAt.toISOString(),
+    });
+    if (c.keep) {
+      kept.set(c.tag, got);
+      return;
+    }
+    if (c.holdMs) await sleep(c.holdMs);
+    await ends(got, c, c.tag);
+  };
+  const loop = async (c: LineCommand, worker: number, stop: AbortSignal) => {
+    const costs = c.costs ?? [1];
+    const cost = costs[worker % costs.length]!;
+    const items = c.items!.map((item, i) => (i === c.items!.length - 1 ? { ...item, cost } : item));
+    while (!stop.aborted) {
+      const got = await ordo.throttles.acquireAll(items, {
+        holder: `${c.tag}/${worker}`,
+        ...(c.wait === undefined ? {} : { wait: c.wait, signal: stop }),
+      });
+      if (!got.granted) {
+        if (c.wait === undefined) await sleep(Math.min(got.retryAfterMs, 100));
+        continue;
+      }
+      if (c.holdMs) await sleep(c.holdMs);
+      const end = await got.complete();
+      emit('grant', {
+        tag: c.tag,
+        worker,
+        cost,
+        id: got.id,
+        acquiredAt: got.acquiredAt.toISOString(),
+        endedAt: end.endedAt.toISOString(),
+      });
+    }
+  };
+  const serve = async (c: LineCommand) => {
+    if (c.op === 'acquire') return acquire(c);
+    if (c.op === 'end') {
+      const permit = kept.get(c.tag);
+      if (!permit) throw new Error(`no permit kept as ${c.tag}`);
+      kept.delete(c.tag);
+      return ends(permit, c, c.tag);
+    }
+    if (c.op === 'loop') {
+      const stop = new AbortController();
+      const done = Promise.all(Array.from({ length: c.workers ?? 1 }, (_, w) => loop(c, w, stop.signal)));
+      loops.set(c.tag, { stop, done });
+      return done;
+    }
+    if (c.op === 'stop') {
+      const running = loops.get(c.tag);
+      running?.stop.abort();
+      await running?.done;
+      loops.delete(c.tag);
+      return emit('stopped', { tag: c.tag });
+    }
+    if (c.op === 'setKeyLimits' || c.op === 'removeKeyLimits') {
+      const result =
+        c.op === 'setKeyLimits'
+          ? await ordo.throttles.setKeyLimits(c.name!, c.key!, c.limits ?? {})
+          : await ordo.throttles.removeKeyLimits(c.name!, c.key!);
+      return emit('done', { tag: c.tag, result });
+    }
+    throw new Error(`unknown op ${c.op}`);
+  };
+  emit('ready');
+  for (;;) {
+    const text = await nextCommand();
+    if (text === 'exit' || text === '{"op":"exit"}') break;
+    const c = JSON.parse(text) as LineCommand;
+    serve(c).catch((e: unknown) => fail(Object.assign(e as object, { op: c.op, tag: c.tag })));
+  }
+  for (const { stop } of loops.values()) stop.abort();
+  await Promise.all([...loops.values()].map((l) => l.done));
+}
+
 try {
-  if (mode === 'repl') {
+  if (mode === 'line') {
+    await lineMode(instances[0]!);
+  } else if (mode === 'repl') {
     const ordo = instances[0]!;
     emit('ready');
     for (;;) {
