@@ -1,0 +1,223 @@
+-- ordo 0014: fixes to throttles found by test/throttles-lines.int.test.ts (workers in several
+-- processes; every check on the database clock).
+--
+-- * Lock order. throttle_lock took every free key at once (SKIP LOCKED), then waited for the
+--   busy ones in order: a decision holding a later key while it waited for an earlier one, and
+--   another holding the earlier one while it waited for the later (the global key and a
+--   tenant's, taken by acquireAll in two processes), deadlocked. Now a decision waits for a key
+--   only while every key it holds comes before it; otherwise what it took at once is given back
+--   (a subtransaction rolled back) and it takes its keys in order. New keys are created and
+--   existing ones locked by one statement, in that same order. A line's service decides in
+--   rounds, each taking locks: after the first, a round takes only lanes whose keys it can lock
+--   without waiting.
+
+-- What a decision can know at once: free keys locked (SKIP LOCKED); for the others (held, or
+-- new), those a snapshot already refuses for `units` answered (reason and wait), a refund or
+-- hold to fold sending them on to the lock. The keys left unlocked without a reason are to be
+-- waited for.
+CREATE FUNCTION {{schema}}.throttle_glance(names text[], keys text[], units integer[])
+RETURNS {{schema}}.throttle_key[]
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  ks {{schema}}.throttle_key[];
+  k {{schema}}.throttle_key;
+  r record;
+  v record;
+  c timestamptz;
+BEGIN
+  SELECT array_agg({{schema}}.throttle_key_of(d, s.st, x.k, coalesce(s.locked, false)) ORDER BY x.i)
+    INTO ks
+    FROM unnest(names, keys) WITH ORDINALITY AS x(n, k, i)
+    LEFT JOIN {{schema}}.throttles AS d ON d.name = x.n
+    LEFT JOIN LATERAL (SELECT t, true FROM {{schema}}.throttle_state AS t
+                        WHERE t.name = x.n AND t.key = x.k FOR UPDATE SKIP LOCKED) AS s(st, locked) ON true;
+  c := clock_timestamp();
+  FOR r IN
+    SELECT x.i::integer AS g, st AS state,
+           EXISTS (SELECT 1 FROM {{schema}}.permits AS p
+                    WHERE p.name = x.n AND p.key = x.k AND (p.refund OR p.hold_until IS NOT NULL)) AS to_fold,
+           y.live, y.earliest
+      FROM unnest(names, keys, units) WITH ORDINALITY AS x(n, k, u, i)
+      LEFT JOIN {{schema}}.throttle_state AS st ON st.name = x.n AND st.key = x.k
+      CROSS JOIN LATERAL (
+        SELECT coalesce(sum(p.cost), 0) AS live, min(p.expires_at) AS earliest FROM {{schema}}.permits AS p
+         WHERE p.name = x.n AND p.key = x.k AND p.ended_at IS NULL
+           AND p.expires_at > greatest(c, st.decided_at) AND p.incarnation = st.incarnation
+           AND (ks[x.i]).concurrency IS NOT NULL) AS y
+     WHERE NOT (ks[x.i]).locked
+  LOOP
+    k := ks[r.g];
+    IF k.incarnation IS NULL THEN
+      RAISE EXCEPTION USING ERRCODE = 'OX005', MESSAGE = format('The throttle %L does not exist', names[r.g]);
+    END IF;
+    IF (r.state).incarnation = k.incarnation AND NOT r.to_fold THEN
+      k := {{schema}}.throttle_key_of((SELECT d FROM {{schema}}.throttles AS d WHERE d.name = k.name), r.state, k.key, false);
+      k.c := greatest(c, k.decided_at);
+      k.live := r.live;
+      k.earliest := r.earliest;
+      v := {{schema}}.throttle_verdict(k, units[r.g]);
+      IF v.reason IS NOT NULL THEN
+        k.wait := v.wait;
+        k.reason := v.reason;
+        ks[r.g] := k;
+      END IF;
+    END IF;
+  END LOOP;
+  RETURN ks;
+END $$;
+
+-- Step 1. The keys (distinct, in (throttle, key) order), with the definition of each: what
+-- throttle_glance knows at once, then the keys to wait for, created if new and locked in order.
+-- Waiting for a key while holding a later one could deadlock with a decision that holds the
+-- first and waits for the second: when the keys taken at once are not all before the first one
+-- to wait for, they are given back (the subtransaction is rolled back; the snapshot's refusals
+-- stay valid) and every key not refused is taken in order. A decision of one key never waits
+-- holding another, and skips the subtransaction.
+-- The clock is read after every lock: a decision the previous holder committed is never later.
+CREATE OR REPLACE FUNCTION {{schema}}.throttle_lock(names text[], keys text[], units integer[])
+RETURNS {{schema}}.throttle_key[]
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+  ks {{schema}}.throttle_key[];
+  k {{schema}}.throttle_key;
+  r record;
+  i integer;
+  first_wait integer;
+  last_locked integer;
+  waiting integer[];
+BEGIN
+  IF cardinality(names) = 1 THEN
+    ks := {{schema}}.throttle_glance(names, keys, units);
+  ELSE
+    BEGIN
+      ks := {{schema}}.throttle_glance(names, keys, units);
+      SELECT min(j) FILTER (WHERE NOT (ks[j]).locked AND (ks[j]).reason IS NULL), max(j) FILTER (WHERE (ks[j]).locked)
+        INTO first_wait, last_locked
+        FROM generate_subscripts(ks, 1) AS j;
+      IF first_wait < last_locked THEN
+        RAISE EXCEPTION USING ERRCODE = 'OX099', MESSAGE = 'out of order';
+      END IF;
+    EXCEPTION WHEN SQLSTATE 'OX099' THEN
+      FOR i IN 1..cardinality(ks) LOOP
+        k := ks[i];
+        k.locked := false;
+        ks[i] := k;
+      END LOOP;
+    END;
+  END IF;
+  SELECT coalesce(array_agg(j ORDER BY j), '{}') INTO waiting
+    FROM generate_subscripts(ks, 1) AS j WHERE NOT (ks[j]).locked AND (ks[j]).reason IS NULL;
+  IF cardinality(waiting) > 0 THEN
+    -- One statement, in key order: new keys created, existing ones locked (ON CONFLICT DO
+    -- UPDATE locks the row even when its WHERE updates nothing).
+    INSERT INTO {{schema}}.throttle_state AS st (name, key, incarnation)
+    SELECT names[u.g], keys[u.g], (ks[u.g]).incarnation FROM unnest(waiting) AS u(g) ORDER BY u.g
+    ON CONFLICT (name, key) DO UPDATE SET incarnation = st.incarnation WHERE false;
+    FOR r IN
+      SELECT u.g, s.st AS state
+        FROM unnest(waiting) AS u(g)
+        CROSS JOIN LATERAL (SELECT t FROM {{schema}}.throttle_state AS t
+                             WHERE t.name = names[u.g] AND t.key = keys[u.g] FOR UPDATE) AS s(st)
+    LOOP
+      ks[r.g] := {{schema}}.throttle_key_of(
+        (SELECT d FROM {{schema}}.throttles AS d WHERE d.name = names[r.g]), r.state, keys[r.g], true);
+    END LOOP;
+  END IF;
+  RETURN ks;
+END $$;
+
+-- Serves the lines of (line_names[i], line_keys[i]) as 0010 did (in rounds, each lane's first
+-- live waiter, lanes served least recently first), except that after the first round only lanes
+-- whose keys are free or already this call's (SKIP LOCKED) are decided: a round holds the keys
+-- of the rounds before it, and waiting for another one then could deadlock. The lanes left out
+-- are served by whoever holds their keys, or later.
+CREATE OR REPLACE FUNCTION {{schema}}.throttle_serve(line_names text[], line_keys text[], OUT granted integer,
+                                                     OUT next_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  heads uuid[];
+  rounds integer := 0;
+  round_grants integer;
+  r record;
+  f_req integer[]; f_names text[]; f_keys text[]; f_costs integer[]; f_holders text[];
+BEGIN
+  granted := 0;
+  DELETE FROM {{schema}}.throttle_waiters AS w
+   USING unnest(line_names, line_keys) AS l(n, k), {{schema}}.throttle_waiter_items AS i
+   WHERE i.name = l.n AND i.key = l.k AND i.waiter = w.id AND w.permit_id IS NULL
+     AND w.alive_until < clock_timestamp();
+  LOOP
+    rounds := rounds + 1;
+    SELECT array_agg(h.id ORDER BY h.served_at NULLS FIRST, h.seq) INTO heads
+      FROM (SELECT DISTINCT ON (w.lane) w.id, w.seq, ln.served_at
+              FROM {{schema}}.throttle_waiters AS w
+              LEFT JOIN {{schema}}.throttle_lanes AS ln ON ln.lane = w.lane
+             WHERE w.id IN (SELECT i.waiter FROM unnest(line_names, line_keys) AS l(n, k)
+                              JOIN {{schema}}.throttle_waiter_items AS i ON i.name = l.n AND i.key = l.k)
+               AND w.permit_id IS NULL AND w.alive_until >= clock_timestamp()
+             ORDER BY w.lane, w.seq) AS h;
+    EXIT WHEN heads IS NULL;
+    -- Another call serving one of them decides it; the order of the rest is kept.
+    SELECT array_agg(u.id ORDER BY u.o) INTO heads
+      FROM unnest(heads) WITH ORDINALITY AS u(id, o)
+     WHERE u.id IN (SELECT w.id FROM {{schema}}.throttle_waiters AS w
+                     WHERE w.id = ANY (heads) AND w.permit_id IS NULL FOR UPDATE SKIP LOCKED);
+    EXIT WHEN heads IS NULL;
+    IF rounds > 1 THEN
+      SELECT array_agg(u.id ORDER BY u.o) INTO heads
+        FROM unnest(heads) WITH ORDINALITY AS u(id, o)
+        JOIN {{schema}}.throttle_waiters AS w ON w.id = u.id
+       WHERE cardinality(w.names) = (SELECT count(*) FROM (
+               SELECT 1 FROM {{schema}}.throttle_state AS t
+                 JOIN unnest(w.names, w.keys) AS x(n, k) ON t.name = x.n AND t.key = x.k
+                  FOR UPDATE OF t SKIP LOCKED) AS z);
+      EXIT WHEN heads IS NULL;
+    END IF;
+    SELECT array_agg(x.o ORDER BY x.o, x.j), array_agg(x.names[x.j] ORDER BY x.o, x.j),
+           array_agg(x.keys[x.j] ORDER BY x.o, x.j), array_agg(x.costs[x.j] ORDER BY x.o, x.j),
+           array_agg(x.holder ORDER BY x.o, x.j)
+      INTO f_req, f_names, f_keys, f_costs, f_holders
+      FROM (SELECT u.o::integer AS o, j, w.names, w.keys, w.costs, w.holder
+              FROM unnest(heads) WITH ORDINALITY AS u(id, o)
+              JOIN {{schema}}.throttle_waiters AS w ON w.id = u.id
+             CROSS JOIN generate_subscripts(w.names, 1) AS j) AS x;
+    round_grants := 0;
+    FOR r IN SELECT * FROM {{schema}}.acquire_all(f_req, f_names, f_keys, f_costs, f_holders, false) LOOP
+      IF r.granted THEN
+        round_grants := round_grants + 1;
+        UPDATE {{schema}}.throttle_waiters AS w
+           SET permit_id = r.permit_id, permit_holder = r.holder, acquired_at = r.acquired_at,
+               expires_at = r.expires_at, last_wait_ms = NULL, last_reason = NULL
+         WHERE w.id = heads[r.request];
+        INSERT INTO {{schema}}.throttle_lanes AS ln (lane, served_at)
+        SELECT w.lane, clock_timestamp() FROM {{schema}}.throttle_waiters AS w WHERE w.id = heads[r.request]
+        ON CONFLICT (lane) DO UPDATE SET served_at = EXCLUDED.served_at;
+        PERFORM pg_notify('ordo_throttles.{{schema_name}}', 'granted:' || heads[r.request]);
+      ELSE
+        UPDATE {{schema}}.throttle_waiters AS w
+           SET last_wait_ms = r.retry_after_ms, last_reason = r.reason, last_name = r.limit_name,
+               last_key = r.limit_key
+         WHERE w.id = heads[r.request];
+        next_ms := least(next_ms, r.retry_after_ms);
+      END IF;
+    END LOOP;
+    granted := granted + round_grants;
+    EXIT WHEN round_grants = 0 OR rounds >= 64;
+  END LOOP;
+  IF granted > 0 AND next_ms IS NOT NULL THEN
+    -- Other processes' waiters learn when the line is next worth serving.
+    PERFORM pg_notify('ordo_throttles.{{schema_name}}', 'serve:' || next_ms || ':' || array_to_string(line_names, ','));
+  END IF;
+END $$;
