@@ -32,6 +32,8 @@ interface Waiter {
   /** An attempt is in flight; `again`: another was asked for meanwhile. */
   busy: boolean;
   again: boolean;
+  /** Asked to leave while an attempt was in flight: it leaves when that attempt ends. */
+  leaving: boolean;
   last: Decision | undefined;
 }
 
@@ -45,6 +47,7 @@ interface Waiter {
  */
 export class WaitingLine {
   private readonly waiters = new Map<string, Waiter>();
+  private readonly unanswered = new Set<Promise<Decision>>();
   private keeper: NodeJS.Timeout | undefined;
   private unlisten: (() => void) | undefined;
 
@@ -58,7 +61,7 @@ export class WaitingLine {
   /** Waits at most `waitMs` for the request's turn (or until `signal` aborts); answers as acquire_all does. */
   wait(items: Item[], holder: string, waitMs: number, signal?: AbortSignal): Promise<Decision> {
     this.listen();
-    return new Promise<Decision>((resolve, reject) => {
+    const answer = new Promise<Decision>((resolve, reject) => {
       const w: Waiter = {
         id: randomUUID(),
         items,
@@ -69,6 +72,7 @@ export class WaitingLine {
         timer: undefined,
         busy: false,
         again: false,
+        leaving: false,
         last: undefined,
       };
       this.waiters.set(w.id, w);
@@ -77,11 +81,17 @@ export class WaitingLine {
       signal?.addEventListener('abort', () => void this.leave(w), { once: true });
       void this.attempt(w);
     });
+    this.unanswered.add(answer);
+    const answered = () => void this.unanswered.delete(answer);
+    answer.then(answered, answered);
+    return answer;
   }
 
   /** Every waiter leaves the line now, answered with its last refusal (or its permit). */
   async close(): Promise<void> {
     await Promise.all([...this.waiters.values()].map((w) => this.leave(w)));
+    // Those whose attempt was in flight leave when it ends.
+    await Promise.allSettled([...this.unanswered]);
     this.unlisten?.();
     this.unlisten = undefined;
   }
@@ -159,7 +169,8 @@ export class WaitingLine {
       }
     } finally {
       w.busy = false;
-      if (w.again && this.waiters.has(w.id)) {
+      if (w.leaving) void this.leave(w);
+      else if (w.again && this.waiters.has(w.id)) {
         w.again = false;
         void this.attempt(w);
       }
@@ -180,9 +191,18 @@ export class WaitingLine {
         : setTimeout(() => void this.attempt(w), wait);
   }
 
-  /** Out of the line at the deadline (or at close): with the permit if it was served meanwhile. */
+  /**
+   * Out of the line at the deadline (or at close, or on abort): with the permit if it was
+   * served meanwhile. Not while an attempt is in flight: that attempt may enter the line again
+   * (its row deleted under it) or be granted, and a permit answered to nobody would stay held
+   * until its lease ran out; the attempt leaves when it ends, unless it was granted.
+   */
   private async leave(w: Waiter): Promise<void> {
     if (!this.waiters.has(w.id)) return;
+    if (w.busy) {
+      w.leaving = true;
+      return;
+    }
     this.drop(w);
     try {
       const { rows } = await this.query(this.plans.leave, [w.id]);
