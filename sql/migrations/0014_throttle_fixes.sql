@@ -14,6 +14,9 @@
 --   between the clock a decision read and its count of live permits: the grant could then be
 --   dated before the end of a permit it no longer counted, and on the database clock more ran
 --   than the limit allowed.
+-- * A waiter that dies. A permit granted to a waiter whose process was killed before it took
+--   the permit held the key until its lease ran out, the line stuck behind it; it is now given
+--   back when the waiter's renewals stop.
 
 -- What a decision can know at once: free keys locked (SKIP LOCKED); for the others (held, or
 -- new), those a snapshot already refuses for `units` answered (reason and wait), a refund or
@@ -253,10 +256,13 @@ BEGIN
 END $$;
 
 -- Serves the lines of (line_names[i], line_keys[i]) as 0010 did (in rounds, each lane's first
--- live waiter, lanes served least recently first), except that after the first round only lanes
--- whose keys are free or already this call's (SKIP LOCKED) are decided: a round holds the keys
--- of the rounds before it, and waiting for another one then could deadlock. The lanes left out
--- are served by whoever holds their keys, or later.
+-- live waiter, lanes served least recently first), with two changes:
+-- * waiters whose process stopped renewing them leave the line, served or not: a permit granted
+--   to a waiter that died before it took it is given back (failed, refunded), so the line goes
+--   on without it instead of waiting for the lease to run out (a minute, in the test);
+-- * after the first round, only lanes whose keys are free or already this call's (SKIP LOCKED)
+--   are decided: a round holds the keys of the rounds before it, and waiting for another one
+--   then could deadlock. The lanes left out are served by whoever holds their keys, or later.
 CREATE OR REPLACE FUNCTION {{schema}}.throttle_serve(line_names text[], line_keys text[], OUT granted integer,
                                                      OUT next_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $$
@@ -268,10 +274,16 @@ DECLARE
   f_req integer[]; f_names text[]; f_keys text[]; f_costs integer[]; f_holders text[];
 BEGIN
   granted := 0;
-  DELETE FROM {{schema}}.throttle_waiters AS w
-   USING unnest(line_names, line_keys) AS l(n, k), {{schema}}.throttle_waiter_items AS i
-   WHERE i.name = l.n AND i.key = l.k AND i.waiter = w.id AND w.permit_id IS NULL
-     AND w.alive_until < clock_timestamp();
+  WITH gone AS (
+    DELETE FROM {{schema}}.throttle_waiters AS w
+     USING unnest(line_names, line_keys) AS l(n, k), {{schema}}.throttle_waiter_items AS i
+     WHERE i.name = l.n AND i.key = l.k AND i.waiter = w.id AND w.alive_until < clock_timestamp()
+    RETURNING w.permit_id)
+  UPDATE {{schema}}.permits AS p
+     SET ended_at = greatest(clock_timestamp(), p.acquired_at), outcome = 'failed', refund = true,
+         error = 'granted to a waiter that left the line before it took the permit'
+    FROM gone
+   WHERE p.id = gone.permit_id AND p.ended_at IS NULL AND p.expires_at > clock_timestamp();
   LOOP
     rounds := rounds + 1;
     SELECT array_agg(h.id ORDER BY h.served_at NULLS FIRST, h.seq) INTO heads
