@@ -17,6 +17,9 @@
 -- * A waiter that dies. A permit granted to a waiter whose process was killed before it took
 --   the permit held the key until its lease ran out, the line stuck behind it; it is now given
 --   back when the waiter's renewals stop.
+-- * 'queued'. A request that does not wait was refused while any live waiter stood on any of
+--   its keys, even one blocked by its own tenant's cap; now only while a lane's first waiter
+--   waits for that very limit (or has not been decided yet).
 
 -- What a decision can know at once: free keys locked (SKIP LOCKED); for the others (held, or
 -- new), those a snapshot already refuses for `units` answered (reason and wait), a refund or
@@ -347,3 +350,26 @@ BEGIN
     PERFORM pg_notify('ordo_throttles.{{schema_name}}', 'serve:' || next_ms || ':' || array_to_string(line_names, ','));
   END IF;
 END $$;
+
+-- Whether each line of (names[i], keys[i]) has a live waiter that a request not waiting must let
+-- go first. 0010 answered yes for any live waiter standing in it, so a poller of tenant b was
+-- refused ('queued') a free slot of the global limit for as long as a waiter of tenant a stood
+-- there blocked by a's own cap, which nobody in line could use. Now only a lane whose first live
+-- waiter has not been decided yet, or was last refused by this very limit, holds the line: a
+-- lane refused by another of its limits waits for that one, and the slot goes to whoever can
+-- take it. (When a's cap frees, a permit ends and its NOTIFY has the line served at once; a
+-- poller asking at that very moment may still take the slot first.)
+CREATE OR REPLACE FUNCTION {{schema}}.throttle_queued(names text[], keys text[]) RETURNS boolean[]
+LANGUAGE sql STABLE AS $$
+  SELECT array_agg(EXISTS (
+           SELECT 1
+             FROM (SELECT DISTINCT ON (w.lane) w.last_reason, w.last_name, w.last_key
+                     FROM {{schema}}.throttle_waiter_items AS i
+                     JOIN {{schema}}.throttle_waiters AS w ON w.id = i.waiter
+                    WHERE i.name = x.n AND i.key = x.k AND w.permit_id IS NULL
+                      AND w.alive_until >= clock_timestamp()
+                    ORDER BY w.lane, w.seq) AS head
+            WHERE head.last_reason IS NULL OR (head.last_name = x.n AND head.last_key = x.k))
+         ORDER BY x.i)
+    FROM unnest(names, keys) WITH ORDINALITY AS x(n, k, i)
+$$;
