@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import {
   type AcquireResult,
+  durationOption,
   MAX_DURATION_MS,
   MAX_DURATION_TEXT,
   MAX_ERROR_LENGTH,
@@ -514,13 +515,15 @@ async function waitingFor(
   acquire: (options: { wait?: string | number; signal?: AbortSignal }) => Promise<AcquireResult>,
 ): Promise<AcquireResult> {
   if (wait === undefined) return acquire({});
+  // The schema caps a number of milliseconds; a text ('10m') is read here, against the same cap.
+  const waitMs = durationOption('wait over HTTP', wait, 0, MAX_HTTP_WAIT_MS);
   const gone = new AbortController();
   const onClose = () => {
     if (!reply.raw.writableFinished) gone.abort();
   };
   reply.raw.on('close', onClose);
   try {
-    const got = await acquire({ wait, signal: gone.signal });
+    const got = await acquire({ wait: waitMs, signal: gone.signal });
     if (got.granted && gone.signal.aborted) {
       await got.fail('the HTTP caller went away while waiting', { refund: true }).catch(() => undefined);
     }
