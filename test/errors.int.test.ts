@@ -792,7 +792,8 @@ describe('embedded_failed', () => {
 // unauthorized, forbidden, not_found, payload_too_large and unsupported_media_type belong to
 // the HTTP server (test/server.int.test.ts reaches them); nothing in the library API raises them.
 // The outbox's codes are reached by test/outbox*.int.test.ts (on a PostgreSQL of their own), the
-// throttles' by test/throttles*.int.test.ts.
+// throttles' by test/throttles*.int.test.ts, serialization_failure (a REPEATABLE READ commit
+// numbering rows at commit) by test/attach.int.test.ts.
 const UNREACHABLE: OrdoErrorCode[] = [
   'unsupported_server',
   'unauthorized',
@@ -813,6 +814,7 @@ const UNREACHABLE: OrdoErrorCode[] = [
   'permit_not_found',
   'permit_expired',
   'throttled',
+  'serialization_failure',
 ];
 
 describe('coverage of ERROR_CODES', () => {
