@@ -681,8 +681,7 @@ async function check(r: FuzzRequest): Promise<void> {
     const sent = new URL(r.path, 'http://x').pathname;
     if (sent === '/metrics') expect(a.text, what).toContain('ordo_http_requests_total');
     // The dashboard's page (a GET of /, with any query string) is HTML; every other answer is JSON.
-    else if (r.method === 'GET' && sent === '/')
-      expect(a.contentType, what).toMatch(/^text\/html/);
+    else if (r.method === 'GET' && sent === '/') expect(a.contentType, what).toMatch(/^text\/html/);
     else expect(parse(a.text), what).not.toBeUndefined();
   }
 }
