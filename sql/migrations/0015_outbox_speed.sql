@@ -94,13 +94,14 @@ BEGIN
         AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
         AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
       ORDER BY m.position LIMIT limit_to + 1)),
-  picked AS (
-    SELECT c.*, row_number() OVER (ORDER BY c.position) AS n
-      FROM (SELECT * FROM candidates c ORDER BY c.position LIMIT limit_to + 1) c),
+  picked AS (SELECT * FROM candidates c ORDER BY c.position LIMIT limit_to + 1),
+  -- The batch is the first limit_to picked: its last position ends what is returned (no window
+  -- over the rows, a fifth of the statement's time).
   batch AS (
-    SELECT min(k.position) AS first, max(k.position) FILTER (WHERE k.n <= limit_to) AS last,
-           count(*) FILTER (WHERE k.n <= limit_to)::integer AS shown, count(*) AS picked
-      FROM picked k HAVING count(*) > 0),
+    SELECT a.positions[1] AS first, a.positions[least(cardinality(a.positions), limit_to)] AS last,
+           least(cardinality(a.positions), limit_to) AS shown, cardinality(a.positions) AS picked
+      FROM (SELECT array_agg(k.position ORDER BY k.position) AS positions FROM picked k) a
+     WHERE a.positions IS NOT NULL),
   moved AS (
     UPDATE {{schema}}.subscription_partitions p
        SET version = p.version + 1,
@@ -117,12 +118,11 @@ BEGIN
            lease_until = clock_timestamp() + lease_ms * interval '1 millisecond'
       FROM batch b
      WHERE p.subscription = sub_name AND p.partition = part
-    RETURNING p.version, b.first)
+    RETURNING p.version, b.first, b.last)
   SELECT k.position, k.transaction_id, k.topic, k.type, k.key, k.message_id, k.data, k.headers,
          k.created_at,
          mv.version, CASE WHEN st.attempts_position = mv.first THEN st.attempts + 1 ELSE 1 END
-    FROM picked k CROSS JOIN moved mv
-   WHERE k.n <= limit_to
+    FROM picked k JOIN moved mv ON k.position <= mv.last
    ORDER BY k.position;
   IF NOT FOUND AND NOT fresh THEN
     -- A round whose rest is gone (deleted by hand): it is done.
