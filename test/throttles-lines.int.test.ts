@@ -7,24 +7,24 @@
 // own ordo instance. Every check of time reads the database's clock: a permit's acquiredAt (the
 // decision's clock) and endedAt (its end's), and the line's own rows (seq, enqueued_at,
 // alive_until); a slow machine makes the tests slower, not wrong.
-import { type ChildProcess, spawn } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fileURLToPath } from 'node:url';
 import type { FastifyInstance } from 'fastify';
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, type Permit } from '../src/index.js';
 import { buildServer } from '../src/server/app.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
-
-const ROOT = fileURLToPath(new URL('../', import.meta.url));
+import {
+  killThrottleWorkers,
+  startThrottleWorker,
+  type WorkerProcess,
+} from './support/throttle-worker-process.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
 let raw: pg.Pool;
 /** Four worker processes shared by the tests (each test uses its own throttles and tags). */
 let workers: Worker[] = [];
-const children = new Set<ChildProcess>();
 
 beforeAll(async () => {
   db = await freshDatabase();
@@ -64,107 +64,21 @@ async function permitsOf(name: string) {
   }));
 }
 afterAll(async () => {
-  for (const child of children) child.kill('SIGKILL');
+  killThrottleWorkers();
   await ordo?.close();
   await db?.drop();
 });
 
-type Event = Record<string, any> & { event: string };
-
-interface Worker {
-  child: ChildProcess;
-  events: Event[];
-  /** Resolves with the first event (from `from` on) that matches; rejects on error, exit or timeout. */
-  next(match: (e: Event) => boolean, timeoutMs?: number, from?: number): Promise<Event>;
-  /** Sends one command of the `line` mode. */
+/** A worker of the `line` mode: JSON commands on its standard input. */
+interface Worker extends Omit<WorkerProcess, 'send'> {
   send(command: object): void;
-  exited: Promise<number | null>;
 }
 
-function worker(): Promise<Worker> {
-  const child = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      'test/support/throttle-worker.ts',
-      'line',
-      db.url,
-      '-',
-      JSON.stringify({ poolSize: 3 }),
-    ],
-    { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] },
-  );
-  children.add(child);
-  const events: Event[] = [];
-  const listeners = new Set<() => void>();
-  let output = '';
-  let rest = '';
-  let ready!: () => void;
-  const isReady = new Promise<void>((resolve) => (ready = resolve));
-  child.stdout!.on('data', (chunk: Buffer) => {
-    rest += chunk.toString();
-    for (let i = rest.indexOf('\n'); i >= 0; i = rest.indexOf('\n')) {
-      const line = rest.slice(0, i).trim();
-      rest = rest.slice(i + 1);
-      if (!line.startsWith('{')) {
-        output += `${line}\n`;
-        continue;
-      }
-      const e = JSON.parse(line) as Event;
-      if (e.event === 'ready') ready();
-      if (e.event === 'error') output += `${line}\n`;
-      events.push(e);
-    }
-    for (const l of listeners) l();
-  });
-  child.stderr!.on('data', (chunk: Buffer) => {
-    output += chunk.toString();
-  });
-  const exited = new Promise<number | null>((resolve) =>
-    child.on('exit', (code) => {
-      children.delete(child);
-      resolve(code);
-      for (const l of listeners) l();
-    }),
-  );
-  const w: Worker = {
-    child,
-    events,
-    exited,
-    send: (command) => child.stdin!.write(`${JSON.stringify(command)}\n`),
-    next(match, timeoutMs = 20_000, from = 0) {
-      return new Promise((resolve, reject) => {
-        const check = () => {
-          const found = events.slice(from).find(match);
-          if (found) return done(() => resolve(found));
-          const error = events.find((e) => e.event === 'error');
-          if (error) return done(() => reject(new Error(`worker failed: ${JSON.stringify(error)}`)));
-          if (child.exitCode !== null || child.signalCode !== null)
-            return done(() => reject(new Error(`worker exited; its output:\n${output}`)));
-        };
-        const timer = setTimeout(
-          () => done(() => reject(new Error(`no matching event in ${timeoutMs} ms; output:\n${output}`))),
-          timeoutMs,
-        );
-        const done = (settle: () => void) => {
-          clearTimeout(timer);
-          listeners.delete(check);
-          settle();
-        };
-        listeners.add(check);
-        check();
-      });
-    },
-  };
-  const failed = exited.then(() => {
-    throw new Error(`worker exited before it was ready; its output:\n${output}`);
-  });
-  failed.catch(() => undefined);
-  return Promise.race([isReady, failed]).then(() => w);
+async function worker(): Promise<Worker> {
+  const w = await startThrottleWorker(['line', db.url, '-', JSON.stringify({ poolSize: 3 })]);
+  return { ...w, send: (command) => w.send(JSON.stringify(command)) };
 }
 
-/** Sends a command and waits for the answer with its tag (granted / refused / done / ended …). */
 async function ask(
   w: Worker,
   command: { tag: string; [field: string]: unknown },

@@ -3,22 +3,24 @@
 // workers, and workers whose clocks are an hour wrong. Every timing assertion compares the
 // database's own timestamps (acquiredAt, endedAt, expires_at), so that a slow machine makes
 // the tests slower, not wrong.
-import { type ChildProcess, spawn } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo } from '../src/index.js';
 import type { Permit } from '../src/throttles/permit.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import {
+  killThrottleWorkers,
+  startThrottleWorker,
+  type WorkerEvent,
+  type WorkerProcess,
+} from './support/throttle-worker-process.js';
 
-const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const HOUR = 3_600_000;
 
 let db: TestDatabase;
 let ordo: Ordo;
 let raw: pg.Pool;
-const children = new Set<ChildProcess>();
 
 beforeAll(async () => {
   db = await freshDatabase();
@@ -26,99 +28,18 @@ beforeAll(async () => {
   raw = db.pool(2);
 });
 afterAll(async () => {
-  for (const child of children) child.kill('SIGKILL');
+  killThrottleWorkers();
   await ordo?.close();
   await db?.drop();
 });
 
-type Event = Record<string, any> & { event: string };
-
-interface Worker {
-  child: ChildProcess;
-  events: Event[];
-  /** Resolves with the first event (from `from` on) that matches; rejects on exit or timeout. */
-  next(match: (e: Event) => boolean, timeoutMs?: number, from?: number): Promise<Event>;
-  send(line: string): void;
-  exited: Promise<number | null>;
-}
+type Event = WorkerEvent;
+type Worker = WorkerProcess;
 
 function worker(mode: string, throttle: string, options: object = {}, skewMs = 0): Promise<Worker> {
-  const child = spawn(
-    process.execPath,
-    ['--import', 'tsx', 'test/support/throttle-worker.ts', mode, db.url, throttle, JSON.stringify(options)],
-    {
-      cwd: ROOT,
-      env: { ...process.env, THROTTLE_CLOCK_SKEW_MS: String(skewMs) },
-      stdio: ['pipe', 'pipe', 'pipe'],
-    },
-  );
-  children.add(child);
-  const events: Event[] = [];
-  const listeners = new Set<() => void>();
-  let output = '';
-  let rest = '';
-  let ready!: () => void;
-  const isReady = new Promise<void>((resolve) => (ready = resolve));
-  child.stdout!.on('data', (chunk: Buffer) => {
-    output += chunk.toString();
-    rest += chunk.toString();
-    for (let i = rest.indexOf('\n'); i >= 0; i = rest.indexOf('\n')) {
-      const line = rest.slice(0, i).trim();
-      rest = rest.slice(i + 1);
-      if (line === 'ready') ready();
-      else if (line.startsWith('{')) {
-        const e = JSON.parse(line) as Event;
-        if (e.event === 'ready') ready();
-        events.push(e);
-      }
-    }
-    for (const l of listeners) l();
+  return startThrottleWorker([mode, db.url, throttle, JSON.stringify(options)], {
+    THROTTLE_CLOCK_SKEW_MS: String(skewMs),
   });
-  child.stderr!.on('data', (chunk: Buffer) => {
-    output += chunk.toString();
-  });
-  const exited = new Promise<number | null>((resolve) =>
-    child.on('exit', (code) => {
-      children.delete(child);
-      resolve(code);
-      for (const l of listeners) l();
-    }),
-  );
-  const w: Worker = {
-    child,
-    events,
-    exited,
-    send: (line) => child.stdin!.write(`${line}\n`),
-    next(match, timeoutMs = 20_000, from = 0) {
-      return new Promise((resolve, reject) => {
-        const check = () => {
-          const found = events.slice(from).find(match);
-          if (found) return done(() => resolve(found));
-          const error = events.find((e) => e.event === 'error');
-          if (error) return done(() => reject(new Error(`worker failed: ${JSON.stringify(error)}`)));
-          if (child.exitCode !== null || child.signalCode !== null) {
-            return done(() => reject(new Error(`worker exited; its output:\n${output}`)));
-          }
-        };
-        const timer = setTimeout(
-          () => done(() => reject(new Error(`no matching event in ${timeoutMs} ms; output:\n${output}`))),
-          timeoutMs,
-        );
-        const done = (settle: () => void) => {
-          clearTimeout(timer);
-          listeners.delete(check);
-          settle();
-        };
-        listeners.add(check);
-        check();
-      });
-    },
-  };
-  const failed = exited.then(() => {
-    throw new Error(`worker exited before it was ready; its output:\n${output}`);
-  });
-  failed.catch(() => undefined);
-  return Promise.race([isReady, failed]).then(() => w);
 }
 
 /** Acquires in this process, sleeping each refusal's retryAfterMs, until granted. */
