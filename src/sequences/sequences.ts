@@ -224,8 +224,10 @@ export class Sequences {
   }
 
   /**
-   * Stops numbering a column. Waits for the transactions writing the table, whose rows are
-   * numbered as they commit. Returns false when the column was not numbered by this sequence.
+   * Stops numbering a column. Dropping its triggers needs the table alone: it waits for every
+   * transaction reading or writing it (rows written before are numbered as they commit), at
+   * most `lockTimeout` (5 s), then fails with `timeout` and changes nothing. Returns false when
+   * the column was not numbered by this sequence.
    */
   async detach(name: string, options: DetachOptions): Promise<boolean> {
     this.ensureOpen();
