@@ -632,7 +632,10 @@ describe('the harness catches a receive() that forgets transactions the base saw
     const schema = 'mutant';
     const mutant = await createOrdo({ databaseUrl: server.url, schema, poolSize: 4 });
     try {
-      const { rows } = await admin.query(`SELECT pg_get_functiondef('${schema}.receive'::regproc) AS def`);
+      // receive() reads what is due through undelivered(): the mutation goes there.
+      const { rows } = await admin.query(
+        `SELECT pg_get_functiondef('${schema}.undelivered'::regproc) AS def`,
+      );
       const broken = (rows[0].def as string).replaceAll(
         'm.position <= st.base_position AND m.position > st.progress',
         'false',

@@ -1,16 +1,62 @@
--- ordo 0015: the outbox's hot paths, same results in less time.
+-- ordo 0015: the outbox's hot paths, same results in less time, and one reading of what a
+-- partition has not delivered.
 --
--- receive() in one statement: 0008's receive() picked the batch's positions, then read the rows again by position: about
--- half of its time for a batch of 1,000 went to that second read (a hash join and a sort) and
--- to planning two statements. The candidates are read whole once: the rows a visibility test
--- reads from the heap anyway. The partition's row is moved by a data-modifying CTE of the same
--- statement, so the batch returned and the version recorded cannot differ. What a batch holds,
--- and in which order, is unchanged (see 0008).
+-- receive() in one statement: 0008's receive() picked the batch's positions, then read the
+-- rows again by position: about half of its time for a batch of 1,000 went to that second
+-- read (a hash join and a sort) and to planning two statements. The candidates are read whole
+-- once: the rows a visibility test reads from the heap anyway. The partition's row is moved by
+-- a data-modifying CTE of the same statement, so the batch returned and the version recorded
+-- cannot differ. What a batch holds, and in which order, is unchanged (see 0008).
 --
--- Late messages (of transactions the base saw running) are looked for above the first position
--- of the base's own cluster, whichever cluster the target is in.
+-- receive() and lag (0012's behind()) each spelled out which messages a partition has not
+-- delivered, and differed: receive looked for late messages (of transactions the base saw
+-- running) below the first position of the base's own cluster when the target was in another
+-- one, so after two restores a message of the first cluster whose id the base saw running came
+-- again. Both now read undelivered(), with the floor of the base's own cluster.
 --
 -- append_many() without ON CONFLICT when no message has an id (see there).
+
+-- The messages a partition has not delivered, each kind in position order and at most `cap`
+-- of it: above its base position (and its progress in the round); at or below it, those of
+-- transactions its base saw running, by its xip and by the short range from its xmax to its
+-- bound (two index scans on the primary key), above the first position of the base's own
+-- cluster (what lies below was delivered whole). receive() gives its round's target: at most
+-- `upto`, committed in `seen` (no test below `seen_floor`, committed before the target's
+-- cluster began); lag gives none, and counts what its statement sees committed. A SQL function
+-- without settings, so that the planner inlines it into the statement that reads it.
+CREATE FUNCTION {{schema}}.undelivered(st {{schema}}.subscription_partitions, sub_topic text, parts integer,
+                                       upto bigint, seen pg_snapshot, seen_floor bigint, cap integer)
+RETURNS SETOF {{schema}}.messages
+LANGUAGE sql STABLE AS $$
+  (SELECT m.* FROM {{schema}}.messages m
+    WHERE m.topic = sub_topic
+      AND m.position > greatest(st.base_position, st.progress) AND m.position <= upto
+      AND (seen IS NULL OR m.position < seen_floor OR pg_visible_in_snapshot(m.transaction_id, seen))
+      AND (parts = 1 OR {{schema}}.partition_of(m.key, parts) = st.partition)
+      AND (st.legacy_transaction_id IS NULL
+           OR (m.transaction_id, m.position) > (st.legacy_transaction_id, st.legacy_position))
+    ORDER BY m.position LIMIT cap)
+  UNION ALL
+  (SELECT m.* FROM {{schema}}.messages m
+    WHERE m.topic = sub_topic
+      AND m.transaction_id = ANY (ARRAY(SELECT pg_snapshot_xip(st.base_snapshot)))
+      AND m.position <= st.base_position AND m.position > st.progress
+      AND m.position >= coalesce((SELECT c.first_position FROM {{schema}}.clusters c WHERE c.cluster = st.cluster), 0)
+      AND (seen IS NULL OR m.position < seen_floor OR pg_visible_in_snapshot(m.transaction_id, seen))
+      AND (parts = 1 OR {{schema}}.partition_of(m.key, parts) = st.partition)
+    ORDER BY m.position LIMIT cap)
+  UNION ALL
+  (SELECT m.* FROM {{schema}}.messages m
+    WHERE m.topic = sub_topic
+      AND m.transaction_id >= pg_snapshot_xmax(st.base_snapshot)
+      AND m.transaction_id <= coalesce(st.base_bound, '18446744073709551615'::xid8)
+      AND m.position <= st.base_position AND m.position > st.progress
+      AND m.position >= coalesce((SELECT c.first_position FROM {{schema}}.clusters c WHERE c.cluster = st.cluster), 0)
+      AND (seen IS NULL OR m.position < seen_floor OR pg_visible_in_snapshot(m.transaction_id, seen))
+      AND (parts = 1 OR {{schema}}.partition_of(m.key, parts) = st.partition)
+    ORDER BY m.position LIMIT cap)
+$$;
+
 CREATE OR REPLACE FUNCTION {{schema}}.receive(sub_name text, part integer, sub_owner text, max_count integer, lease_ms bigint)
 RETURNS TABLE ("position" bigint, transaction_id xid8, topic text, type text, key text,
                message_id text, data jsonb, headers jsonb, created_at timestamptz,
@@ -25,7 +71,6 @@ DECLARE
   sub {{schema}}.subscriptions;
   fresh boolean := false;
   here record;
-  base_floor bigint;
   limit_to integer;
 BEGIN
   IF max_count IS NULL OR max_count NOT BETWEEN 1 AND 10000 THEN
@@ -49,51 +94,12 @@ BEGIN
     st.target_snapshot := pg_current_snapshot();
   END IF;
   limit_to := CASE WHEN st.single_until IS NOT NULL THEN 1 ELSE max_count END;
-  -- What lies below the first position of the base's cluster was delivered whole by the round
-  -- that made the base; the base's transaction ids say nothing about it (0008 applied this
-  -- only to a base of the current cluster, so after two restores a message of the first
-  -- cluster whose id the base saw running came again).
-  base_floor := CASE WHEN st.cluster = st.target_cluster THEN st.target_floor
-                     ELSE coalesce((SELECT c.first_position FROM {{schema}}.clusters c WHERE c.cluster = st.cluster), 0) END;
   RETURN QUERY
-  -- The first limit_to + 1 of the round, in position order (one more than is shown tells
-  -- whether the round ends with this batch): above the base position and visible in the
-  -- target; at or below it, of transactions the base saw running, by its xip and by the short
-  -- range from its xmax to its bound (two index scans on the primary key).
+  -- The first limit_to + 1 of the round, in position order: one more than is shown tells
+  -- whether the round ends with this batch.
   WITH candidates AS (
-    (SELECT m.position, m.transaction_id, m.topic, m.type, m.key, m.message_id, m.data, m.headers,
-            m.created_at
-       FROM {{schema}}.messages m
-      WHERE m.topic = sub.topic
-        AND m.position > greatest(st.base_position, st.progress) AND m.position <= st.target_position
-        AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
-        AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
-        AND (st.legacy_transaction_id IS NULL
-             OR (m.transaction_id, m.position) > (st.legacy_transaction_id, st.legacy_position))
-      ORDER BY m.position LIMIT limit_to + 1)
-    UNION ALL
-    (SELECT m.position, m.transaction_id, m.topic, m.type, m.key, m.message_id, m.data, m.headers,
-            m.created_at
-       FROM {{schema}}.messages m
-      WHERE m.topic = sub.topic
-        AND m.transaction_id = ANY (ARRAY(SELECT pg_snapshot_xip(st.base_snapshot)))
-        AND m.position <= st.base_position AND m.position > st.progress
-        AND m.position >= base_floor
-        AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
-        AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
-      ORDER BY m.position LIMIT limit_to + 1)
-    UNION ALL
-    (SELECT m.position, m.transaction_id, m.topic, m.type, m.key, m.message_id, m.data, m.headers,
-            m.created_at
-       FROM {{schema}}.messages m
-      WHERE m.topic = sub.topic
-        AND m.transaction_id >= pg_snapshot_xmax(st.base_snapshot)
-        AND m.transaction_id <= coalesce(st.base_bound, '18446744073709551615'::xid8)
-        AND m.position <= st.base_position AND m.position > st.progress
-        AND m.position >= base_floor
-        AND (m.position < st.target_floor OR pg_visible_in_snapshot(m.transaction_id, st.target_snapshot))
-        AND (sub.partitions = 1 OR {{schema}}.partition_of(m.key, sub.partitions) = part)
-      ORDER BY m.position LIMIT limit_to + 1)),
+    SELECT * FROM {{schema}}.undelivered(st, sub.topic, sub.partitions, st.target_position,
+                                         st.target_snapshot, st.target_floor, limit_to + 1)),
   picked AS (SELECT * FROM candidates c ORDER BY c.position LIMIT limit_to + 1),
   -- The batch is the first limit_to picked: its last position ends what is returned (no window
   -- over the rows, a fifth of the statement's time).
@@ -180,3 +186,13 @@ BEGIN
     PERFORM pg_notify('ordo_outbox.{{schema_name}}', msg_topic);
   END IF;
 END $$;
+
+-- Lag counts what receive() would read (see undelivered), up to `cap`.
+CREATE OR REPLACE FUNCTION {{schema}}.behind(st {{schema}}.subscription_partitions, sub_topic text, parts integer,
+                                             cap integer, OUT n bigint, OUT oldest timestamptz)
+LANGUAGE sql STABLE
+SET enable_bitmapscan = off SET enable_seqscan = off
+AS $$
+  SELECT least(count(*), cap), min(u.created_at)
+    FROM {{schema}}.undelivered(st, sub_topic, parts, 9223372036854775807, NULL, NULL, cap) u
+$$;
