@@ -30,6 +30,10 @@ const MESSAGE = {
   },
 } as const;
 const DATE = { type: ['string', 'null'], format: 'date-time' } as const;
+const REDELIVERED = {
+  type: 'integer',
+  description: 'messages handed out again (a failure, a lapsed lease)',
+} as const;
 const PARTITION_LAG = {
   type: 'object',
   properties: {
@@ -42,7 +46,7 @@ const PARTITION_LAG = {
     attempts: { type: 'integer' },
     lastError: { type: ['string', 'null'] },
     delivered: { type: 'integer' },
-    redelivered: { type: 'integer', description: 'messages handed out again (a failure, a lapsed lease)' },
+    redelivered: REDELIVERED,
     checkpointedAt: DATE,
   },
 } as const;
@@ -70,7 +74,7 @@ const LAG = {
     attempts: { type: 'integer' },
     lastError: { type: ['string', 'null'] },
     delivered: { type: 'integer' },
-    redelivered: { type: 'integer', description: 'messages handed out again (a failure, a lapsed lease)' },
+    redelivered: REDELIVERED,
     deadLettered: { type: 'integer', description: 'messages parked in dead letters' },
     checkpointedAt: DATE,
     partitions: { type: 'array', items: PARTITION_LAG },
