@@ -485,7 +485,7 @@ async function consumerThroughput(ctx: BenchContext, admin: pg.Pool): Promise<Ta
     failures: rows.filter((r) => !r.verified.ok).map((r) => `(b) batch ${r.batchSize}: ${r.verified.text}`),
     notes: [
       `prefill: ${PREFILL / PREFILL_CHUNK} transactions of ${fmt.int(PREFILL_CHUNK)} messages (ordo.append_many, the (a) payload + a number), then VACUUM ANALYZE and CHECKPOINT.`,
-      'one batch = receive(…, batchSize); BEGIN; the handler; ack(); COMMIT, on a pool of 4; the time runs from',
+      "one batch = receive(…, batchSize); the handler; ack() (in the handler's transaction, begun by its first statement: none here), on a pool of 4; the time runs from",
       '  subscribe() to the handler receiving the last message (after its checkpoint and commit the subscription is stopped).',
       `verified: every message once, each transaction's in append order, and the subscription's delivered count = ${fmt.int(PREFILL)}.`,
       `other sessions' transactions holding an xid while (b) ran: ${held}.`,

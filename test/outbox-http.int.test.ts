@@ -4,7 +4,7 @@
 import type { FastifyInstance } from 'fastify';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, type OutboxMessage } from '../src/index.js';
+import { createOrdo, MAX_ATTEMPTS, type Ordo, type OrdoError, type OutboxMessage } from '../src/index.js';
 import { parseTokens } from '../src/server/auth.js';
 import { buildServer } from '../src/server/app.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
@@ -449,6 +449,48 @@ describe('consumers over HTTP: leases that lapse, concurrency, and what lag show
     }
     expect(got).toEqual([[1], [2], [3]]);
     expect(await ordo.outbox.deadLetters('http-lapsed-batch')).toEqual([]);
+  });
+
+  it('receive takes maxAttempts: a message whose lease lapses every time is parked after that many deliveries', async () => {
+    await call('PUT', '/v1/subscriptions/http-poison-2', ADMIN, { topic: 'poison-2' });
+    await append('poison-2', [1, 2]);
+    const receive = (body: object) => call('POST', '/v1/subscriptions/http-poison-2/receive', ISSUER, body);
+    const attempts: number[] = [];
+    for (let i = 0; i < 2; i++) {
+      const r = await receive({ max: 1, visibilityTimeout: '300ms', maxAttempts: 2 });
+      expect([r.statusCode, labels(r)]).toEqual([200, [1]]);
+      attempts.push(r.json().attempt);
+      await sleep(320);
+    }
+    expect(attempts).toEqual([1, 2]);
+    // The receive that finds the second lapse parks the message and goes on to the next.
+    const next = await receive({ max: 1, maxAttempts: 2 });
+    expect([labels(next), next.json().attempt]).toEqual([[2], 1]);
+    await call('POST', '/v1/subscriptions/http-poison-2/ack', ISSUER, { receipt: next.json().receipt });
+    const dead = await ordo.outbox.deadLetters('http-poison-2');
+    expect(dead.map((d) => [d.data, d.attempts])).toEqual([[{ n: 1 }, 2]]);
+    expect(dead[0]!.error).toContain('lapsed');
+  });
+
+  it('receive refuses a maxAttempts that is not a whole number from 1 to MAX_ATTEMPTS: 400 invalid_argument naming it', async () => {
+    await call('PUT', '/v1/subscriptions/http-attempts', ADMIN, { topic: 'attempts' });
+    const receive = (maxAttempts: unknown) =>
+      call('POST', '/v1/subscriptions/http-attempts/receive', ISSUER, { maxAttempts });
+    for (const bad of [0, -1, MAX_ATTEMPTS + 1, 1.5, '3', null, [2]]) {
+      const r = await receive(bad);
+      expect([r.statusCode, r.json().code], JSON.stringify(bad)).toEqual([400, 'invalid_argument']);
+      expect(r.json().message).toContain('maxAttempts');
+    }
+    for (const good of [1, MAX_ATTEMPTS]) {
+      const r = await receive(good);
+      expect([r.statusCode, r.json()]).toEqual([200, { messages: [], receipt: null, attempt: 0 }]);
+    }
+    // The library's receive() checks the same range.
+    for (const bad of [0, MAX_ATTEMPTS + 1]) {
+      const e = await ordo.outbox.receive('http-attempts', { maxAttempts: bad }).catch((e: OrdoError) => e);
+      expect((e as OrdoError).code).toBe('invalid_argument');
+    }
+    expect((await ordo.outbox.receive('http-attempts', { maxAttempts: MAX_ATTEMPTS })).receipt).toBeNull();
   });
 
   it('concurrent receives and acks on 4 partitions while messages trickle in: no 5xx, every message once, each key in order', async () => {

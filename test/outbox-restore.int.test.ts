@@ -1,9 +1,9 @@
-// The outbox across a dump and restore into a new cluster, and across the upgrade from the
-// schema of 0003 (issue #12). Transaction ids of a new cluster start low again: a message
-// appended there has an id below everything the subscription has seen, and messages restored
-// from the old cluster carry ids that mean nothing there. Subscriptions must go on: none
-// skipped, none twice. Two PostgreSQL servers of this file's own (Debian's binaries, so that
-// Debian's pg_dump matches them).
+// The outbox across a dump and restore into a new cluster (and from there into a third), and
+// across the upgrade from the schema of 0003 (issue #12). Transaction ids of a new cluster
+// start low again: a message appended there has an id below everything the subscription has
+// seen, and messages restored from the old cluster carry ids that mean nothing there.
+// Subscriptions must go on: none skipped, none twice. PostgreSQL servers of this file's own
+// (Debian's binaries, so that Debian's pg_dump matches them).
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import pg from 'pg';
@@ -43,6 +43,85 @@ async function drain(o: Ordo, name: string, max = 3): Promise<string[]> {
 }
 
 const labelled = (...labels: string[]) => labels.map((label) => ({ type: 'm', data: { label } }));
+
+/** The URL of database `db` on the server of `url`. */
+const inDb = (url: string, db: string) => url.replace(/\/postgres$/, `/${db}`);
+
+/** pg_dump of database `db` on `from`, restored into a new database `db` on `to`. */
+async function copyDatabase(from: RestartablePostgres, to: RestartablePostgres, db: string): Promise<void> {
+  const file = `${to.dataDir}/../${db}.sql`;
+  await run('/usr/bin/pg_dump', ['--no-owner', '-f', file, inDb(from.url, db)]);
+  await sql(to.url, `CREATE DATABASE ${db}`);
+  await run('/usr/bin/psql', ['-q', '-v', 'ON_ERROR_STOP=1', '-f', file, inDb(to.url, db)]);
+}
+
+/**
+ * Drains a subscription as a consumer in SQL does: lease, receive and acknowledge in one
+ * transaction per batch (of 4). Its transaction has an id before receive() reads a round's
+ * target, so the base a round leaves has no bound: every id from its snapshot's xmax up counts
+ * as running. The labels, in order.
+ */
+async function drainBySql(url: string, name: string): Promise<string[]> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  const read: string[] = [];
+  try {
+    for (;;) {
+      await c.query('BEGIN');
+      await c.query(`SELECT ordo.lease_partition($1, 0, 'sql:reader', 30000)`, [name]);
+      const { rows } = await c.query(
+        `SELECT data->>'label' AS label, version::text FROM ordo.receive($1, 0, 'sql:reader', 4, 30000)`,
+        [name],
+      );
+      if (rows.length > 0) {
+        await c.query(`SELECT ordo.ack($1, 0, 'sql:reader', $2::bigint, 30000)`, [name, rows[0].version]);
+      }
+      await c.query('COMMIT');
+      if (rows.length === 0) return read;
+      read.push(...rows.map((r) => r.label));
+    }
+  } finally {
+    await c.end();
+  }
+}
+
+/** Whether a subscription's base has no bound, and was taken in the cluster of `url`. */
+async function baseOf(url: string, name: string): Promise<{ unbounded: boolean; here: boolean }[]> {
+  const { rows } = await sql(
+    url,
+    `SELECT base_bound IS NULL AS unbounded, cluster = ordo.cluster_id() AS here
+       FROM ordo.subscription_partitions WHERE subscription = $1`,
+    [name],
+  );
+  return rows;
+}
+
+/**
+ * What one receive() would hand out, as drainBySql receives, if undelivered() looked for late
+ * messages below the first position of the base's cluster too (as 0008's receive() did for a
+ * base of another cluster than the round's): run with a copy that has no floor, rolled back.
+ */
+async function receivedWithoutFloor(url: string, name: string): Promise<string[]> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    await c.query('BEGIN');
+    const { rows } = await c.query(`SELECT pg_get_functiondef('ordo.undelivered'::regproc) AS def`);
+    const floor =
+      /AND m\.position >= coalesce\(\(SELECT c\.first_position FROM \S+ c WHERE c\.cluster = st\.cluster\), 0\)/g;
+    expect(rows[0].def.match(floor), 'the floor of both kinds of late messages').toHaveLength(2);
+    await c.query(rows[0].def.replace(floor, ''));
+    await c.query(`SELECT ordo.lease_partition($1, 0, 'sql:reader', 30000)`, [name]);
+    const got = await c.query(
+      `SELECT data->>'label' AS label FROM ordo.receive($1, 0, 'sql:reader', 100, 30000)`,
+      [name],
+    );
+    return got.rows.map((r) => r.label);
+  } finally {
+    await c.query('ROLLBACK');
+    await c.end();
+  }
+}
 
 async function sql(url: string, text: string, values: unknown[] = []): Promise<pg.QueryResult> {
   const c = new pg.Client({ connectionString: url });
@@ -117,43 +196,79 @@ describe('dump and restore into a new cluster', () => {
     await b.outbox.createSubscription({ name: 'late', topic: 'orders' });
     expect(await drain(b, 'late', 100)).toEqual(all);
 
-    // A consumer in SQL that leases, receives and acknowledges in one transaction: its
-    // transaction has an id before receive() reads the round's target, so its base in the new
-    // cluster has no bound (every id from the snapshot's xmax up counts as running), and the
-    // restored messages' old ids are all in that range.
-    const c = new pg.Client({ connectionString: restored.url });
-    await c.connect();
-    const read: string[] = [];
-    try {
-      for (;;) {
-        await c.query('BEGIN');
-        await c.query(`SELECT ordo.lease_partition('sql-reader', 0, 'sql:reader', 30000)`);
-        const { rows } = await c.query(
-          `SELECT data->>'label' AS label, version::text FROM ordo.receive('sql-reader', 0, 'sql:reader', 4, 30000)`,
-        );
-        if (rows.length > 0) {
-          await c.query(`SELECT ordo.ack('sql-reader', 0, 'sql:reader', $1::bigint, 30000)`, [
-            rows[0].version,
-          ]);
-        }
-        await c.query('COMMIT');
-        if (rows.length === 0) break;
-        read.push(...rows.map((r) => r.label));
-      }
-      const { rows } = await c.query(
-        `SELECT base_bound IS NULL AS unbounded, cluster = ordo.cluster_id() AS here
-           FROM ordo.subscription_partitions WHERE subscription = 'sql-reader'`,
-      );
-      expect(rows).toEqual([{ unbounded: true, here: true }]);
-    } finally {
-      await c.end();
-    }
-    expect(read).toEqual(all);
+    // A consumer in SQL (see drainBySql): the restored messages' old ids are all in the range
+    // of ids its base in the new cluster counts as running.
+    expect(await drainBySql(restored.url, 'sql-reader')).toEqual(all);
+    expect(await baseOf(restored.url, 'sql-reader')).toEqual([{ unbounded: true, here: true }]);
     // Passed by every subscription: none behind, and prune deletes them all.
     for (const name of ['projector', 'late', 'sql-reader']) {
       expect((await b.outbox.lag(name)).messagesBehind, name).toBe(0);
     }
     expect(await b.outbox.prune({ olderThan: 0, topic: 'orders' })).toBe(all.length);
+  });
+});
+
+describe('two restores: into a new cluster, and from there into another', () => {
+  let third: RestartablePostgres;
+  beforeAll(async () => {
+    third = await restartablePostgres();
+  }, 120_000);
+  afterAll(() => third?.cleanup());
+
+  it('a base taken in the second cluster does not look below its floor in the third: the first cluster’s messages are not delivered again; none skipped', async () => {
+    const db = 'twice';
+    const [first, second, last] = [old, restored, third].map((server) => inDb(server.url, db));
+    await sql(old.url, `CREATE DATABASE ${db}`);
+    const a = await ordoOn(first!);
+    // The first cluster far ahead in transaction ids: its messages carry ids above any the
+    // second one has handed out.
+    await sql(
+      first!,
+      `DO $$ BEGIN FOR i IN 1..5000 LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$`,
+    );
+    await a.outbox.createSubscription({ name: 'by-sql', topic: 't' });
+    await a.outbox.createSubscription({ name: 'by-receive', topic: 't' });
+    await a.outbox.append('t', labelled('a1', 'a2', 'a3'));
+    expect(await drainBySql(first!, 'by-sql')).toEqual(['a1', 'a2', 'a3']);
+    // by-receive leaves the first cluster's round half done.
+    const started = await a.outbox.receive<{ label: string }>('by-receive', { max: 1 });
+    expect(started.messages.map((m) => m.data.label)).toEqual(['a1']);
+    await a.outbox.ack('by-receive', started.receipt!);
+
+    await copyDatabase(old, restored, db);
+    const b = await ordoOn(second!);
+    await b.outbox.append('t', labelled('b1', 'b2'));
+    expect(await drainBySql(second!, 'by-sql')).toEqual(['b1', 'b2']);
+    expect(await drain(b, 'by-receive')).toEqual(['a2', 'a3', 'b1', 'b2']);
+    // The premise: by-sql's base is of the second cluster and has no bound, so the ids of the
+    // first cluster's messages lie in the range it counts as running.
+    expect(await baseOf(second!, 'by-sql')).toEqual([{ unbounded: true, here: true }]);
+    const { rows } = await sql(
+      second!,
+      `SELECT (SELECT min(m.transaction_id) FROM ordo.messages m WHERE m.data->>'label' LIKE 'a%')
+                >= pg_snapshot_xmax(p.base_snapshot) AS in_range
+         FROM ordo.subscription_partitions p WHERE p.subscription = 'by-sql'`,
+    );
+    expect(rows).toEqual([{ in_range: true }]);
+
+    await copyDatabase(restored, third, db);
+    const c = await ordoOn(last!);
+    await c.outbox.append('t', labelled('c1'));
+    // Below the floor of the base's (second) cluster, the first cluster's messages were
+    // delivered whole; a receive() that looked there would deliver them again.
+    expect(await receivedWithoutFloor(last!, 'by-sql')).toEqual(['a1', 'a2', 'a3', 'c1']);
+    expect(await c.outbox.lag('by-sql')).toMatchObject({ messagesBehind: 1, delivered: 5 });
+    expect(await drainBySql(last!, 'by-sql')).toEqual(['c1']);
+    expect(await drain(c, 'by-receive')).toEqual(['c1']);
+    await c.outbox.append('t', labelled('c2'));
+    expect(await drainBySql(last!, 'by-sql')).toEqual(['c2']);
+    expect(await drain(c, 'by-receive')).toEqual(['c2']);
+    const all = ['a1', 'a2', 'a3', 'b1', 'b2', 'c1', 'c2'];
+    await c.outbox.createSubscription({ name: 'late', topic: 't' });
+    expect(await drain(c, 'late', 100)).toEqual(all);
+    for (const name of ['by-sql', 'by-receive', 'late']) {
+      expect(await c.outbox.lag(name), name).toMatchObject({ messagesBehind: 0, delivered: all.length });
+    }
   });
 });
 
@@ -215,15 +330,11 @@ describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
 
 describe('the first round in a new cluster while a transaction that appended there is open', () => {
   it('appends are not held up for seconds, callers are told to retry at once, and delivery resumes once it commits', async () => {
-    const inDb = (url: string, db: string) => url.replace(/\/postgres$/, `/${db}`);
     await sql(old.url, 'CREATE DATABASE stall');
     const a = await ordoOn(inDb(old.url, 'stall'));
     await a.outbox.createSubscription({ name: 's', topic: 't' });
     await a.outbox.append('t', labelled('m1', 'm2'));
-    const file = `${restored.dataDir}/../stall.sql`;
-    await run('/usr/bin/pg_dump', ['--no-owner', '-f', file, inDb(old.url, 'stall')]);
-    await sql(restored.url, 'CREATE DATABASE stall');
-    await run('/usr/bin/psql', ['-q', '-v', 'ON_ERROR_STOP=1', '-f', file, inDb(restored.url, 'stall')]);
+    await copyDatabase(old, restored, 'stall');
     const b = await ordoOn(inDb(restored.url, 'stall'));
 
     // Appended in the new cluster before its first round, and left open.

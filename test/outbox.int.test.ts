@@ -4,7 +4,14 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, OrdoError, type OutboxMessage } from '../src/index.js';
+import {
+  createOrdo,
+  type MessageInput,
+  type Ordo,
+  OrdoError,
+  type OutboxMessage,
+  type Subscription,
+} from '../src/index.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 
 let server: OwnPostgres;
@@ -849,6 +856,33 @@ describe("the handler's tx", () => {
     }
   });
 
+  it('begins with the first statement sent through it, which may set its isolation level; a handler that sends none is acknowledged too', async () => {
+    const { o, s } = await fresh();
+    await effects(s);
+    await o.outbox.append('events', msgs(['quiet', 'writer']));
+    const seen: string[] = [];
+    const sub = await o.outbox.subscribe<{ label: string }>({
+      name: 'isolated',
+      topic: 'events',
+      batchSize: 1,
+      handler: async (ms, { tx }) => {
+        if (ms[0]!.data.label === 'quiet') return;
+        // Allowed only as a transaction's first statement.
+        await tx.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ');
+        seen.push((await tx.query('SHOW transaction_isolation')).rows[0].transaction_isolation);
+        await record(tx, s, ms as Msg[]);
+      },
+    });
+    try {
+      await waitFor('both delivered', async () => (await sub.lag()).delivered === 2);
+      expect(seen).toEqual(['repeatable read']);
+      expect(await effectLabels(s)).toEqual(['writer']);
+    } finally {
+      await sub.stop();
+      await close(o);
+    }
+  });
+
   it('a handler that breaks its transaction with an SQL error is retried, even when it swallows the error', async () => {
     const { o, s } = await fresh();
     await effects(s);
@@ -885,6 +919,132 @@ describe("the handler's tx", () => {
       expect(errors[1]).toMatch(/^handler_failed: .*no_such_table/);
     } finally {
       await sub.stop();
+      await close(o);
+    }
+  });
+});
+
+describe('what a handler receives', () => {
+  it('each field as appended, the instant to the millisecond as stored; the same as receive() and deadLetters() give', async () => {
+    const { o, s } = await fresh();
+    const appended: MessageInput[] = [
+      {
+        type: 'Full',
+        key: 'k-\u00e9\u{1F600}',
+        messageId: 'id-1',
+        headers: { trace: 'abc', n: [1, 2] },
+        data: {
+          s: 'quote " backslash \\ tab \t \u00e9\u{1F600}',
+          n: 1.5,
+          big: 2 ** 53 - 1,
+          nested: [{ a: null }],
+        },
+      },
+      { type: 'Bare', data: null },
+      { type: 'Text', data: 'just text', headers: {} },
+      { type: 'Number', data: -0.25 },
+    ];
+    await o.outbox.append('shapes', appended);
+    // Instants at each edge of a millisecond, as PostgreSQL stores them (microseconds); the
+    // third is one that seconds × 1000, in a float, would put a millisecond early.
+    await admin.query(
+      `UPDATE ${s}.messages SET created_at = (CASE type
+         WHEN 'Full' THEN '2026-11-24 22:06:48.123999+00' WHEN 'Bare' THEN '2026-11-24 22:06:48.124000+00'
+         WHEN 'Text' THEN '2038-01-19 04:11:16.575+00' ELSE '1999-12-31 23:59:59.000001+00' END)::timestamptz`,
+    );
+    const { rows } = await admin.query(
+      `SELECT position, transaction_id::text, floor(extract(epoch FROM created_at) * 1000)::float8 AS ms
+         FROM ${s}.messages ORDER BY position`,
+    );
+    const expected = rows.map((r, i) => {
+      const m = appended[i]!;
+      return {
+        position: Number(r.position),
+        transactionId: r.transaction_id,
+        topic: 'shapes',
+        type: m.type,
+        key: m.key ?? null,
+        messageId: m.messageId ?? null,
+        data: m.data,
+        headers: m.headers ?? {},
+        createdAt: new Date(r.ms),
+      };
+    });
+    expect(expected.map((m) => m.createdAt.toISOString())).toEqual([
+      '2026-11-24T22:06:48.123Z',
+      '2026-11-24T22:06:48.124Z',
+      '2038-01-19T04:11:16.575Z',
+      '1999-12-31T23:59:59.000Z',
+    ]);
+    const handled: OutboxMessage[] = [];
+    const sub = await o.outbox.subscribe({
+      name: 'shapes',
+      topic: 'shapes',
+      handler: (ms) => void handled.push(...ms),
+    });
+    try {
+      await waitFor('all four', () => handled.length === 4);
+      expect(handled).toEqual(expected);
+      await o.outbox.createSubscription({ name: 'shapes-http', topic: 'shapes' });
+      expect((await o.outbox.receive('shapes-http', { max: 10 })).messages).toEqual(expected);
+      // Parked, then read back.
+      const parked = await o.outbox.subscribe({
+        name: 'shapes-parked',
+        topic: 'shapes',
+        maxAttempts: 1,
+        retryDelay: '1ms',
+        handler: () => {
+          throw new Error('park it');
+        },
+      });
+      await waitFor(
+        'all four parked',
+        async () => (await o.outbox.deadLetters('shapes-parked')).length === 4,
+      );
+      await parked.stop();
+      const letters = await o.outbox.deadLetters('shapes-parked');
+      expect(letters.map(({ attempts: _, error: __, parkedAt: ___, ...m }) => m)).toEqual(expected);
+    } finally {
+      await sub.stop();
+      await close(o);
+    }
+  });
+});
+
+describe("the acknowledgement's commit (ack_handled, 0019)", () => {
+  it('waits for the WAL flush only when the handler wrote in the transaction', async () => {
+    const { o, s } = await fresh();
+    await effects(s);
+    await o.outbox.append('events', msgs(['a', 'b']));
+    await o.outbox.createSubscription({ name: 'flush', topic: 'events' });
+    const c = await client();
+    try {
+      const settings = async (handlerWrites: boolean) => {
+        await c.query(`SELECT * FROM ${s}.lease_partition('flush', 0, 'me', 60000)`);
+        const { rows } = await c.query(
+          `SELECT position, version FROM ${s}.receive('flush', 0, 'me', 1, 60000)`,
+        );
+        await c.query('BEGIN');
+        if (handlerWrites) await c.query(`INSERT INTO ${s}.effects VALUES ($1, 'w')`, [rows[0].position]);
+        const acked = await c.query(`SELECT ${s}.ack_handled('flush', 0, 'me', $1, 60000) AS handled`, [
+          rows[0].version,
+        ]);
+        const { rows: shown } = await c.query('SHOW synchronous_commit');
+        await c.query('COMMIT');
+        return [acked.rows[0].handled, shown[0].synchronous_commit];
+      };
+      expect(await settings(false)).toEqual([1, 'off']);
+      expect(await settings(true)).toEqual([1, 'on']);
+      // Each setting was the transaction's alone, and both batches were passed.
+      expect((await c.query('SHOW synchronous_commit')).rows[0].synchronous_commit).toBe('on');
+      expect((await o.outbox.lag('flush')).delivered).toBe(2);
+      // A batch of another version is refused, as by ack().
+      await c.query('BEGIN');
+      const stale = await c.query(`SELECT ${s}.ack_handled('flush', 0, 'me', 1, 60000) AS handled`);
+      await c.query('ROLLBACK');
+      expect(stale.rows[0].handled).toBeNull();
+    } finally {
+      await c.end();
       await close(o);
     }
   });
@@ -1127,9 +1287,12 @@ describe('the consumer and its connections', () => {
       retryDelay: '1ms',
       maxRetryDelay: '5ms',
       onError: (e) => void errors.push(e.code),
-      handler: async () => {
-        // Slow work outside the database, longer than the server lets a transaction idle.
-        if (++calls === 1) await sleep(1000);
+      handler: async (_, { tx }) => {
+        if (++calls > 1) return;
+        // The transaction begins with a statement through it; then slow work outside the
+        // database, longer than the server lets a transaction idle.
+        await tx.query('SELECT 1');
+        await sleep(1000);
       },
     });
     try {
@@ -1291,6 +1454,43 @@ describe('stop()', () => {
       });
     }
     await close(o);
+  });
+});
+
+describe('a batch abandoned before its handler', () => {
+  it('stopped while its batch is read: nothing handled, and its connection goes back to the pool in no transaction', async () => {
+    // One connection, the consumer's and then this test's: what the consumer leaves on it shows.
+    const pool = new pg.Pool({ connectionString: server.url, max: 1 });
+    pool.on('error', () => undefined);
+    let sub: Subscription | undefined;
+    pool.on('connect', (c) => {
+      const query = c.query.bind(c) as (...args: unknown[]) => unknown;
+      // stop() while receive() is on its way: the batch arrives for a consumer that stopped.
+      c.query = ((...args: unknown[]) => {
+        const text = (args[0] as { text?: unknown } | undefined)?.text;
+        if (typeof text === 'string' && text.includes('.receive(')) void sub?.stop();
+        return query(...args);
+      }) as typeof c.query;
+    });
+    const o = await createOrdo({ pool, schema: `t${++schemas}` });
+    made.add(o);
+    try {
+      await o.outbox.append('t', msgs(['a', 'b']));
+      let handled = 0;
+      sub = await o.outbox.subscribe({ name: 'abandoned', topic: 't', handler: () => void handled++ });
+      expect(await sub.done).toEqual({ reason: 'stopped' });
+      const { rows } = await pool.query('SELECT transaction_timestamp() = statement_timestamp() AS alone');
+      expect(rows[0].alone).toBe(true);
+      const lag = await o.outbox.lag('abandoned');
+      expect({ handled, delivered: lag.delivered, owner: lag.owner }).toEqual({
+        handled: 0,
+        delivered: 0,
+        owner: null,
+      });
+    } finally {
+      await close(o);
+      await pool.end();
+    }
   });
 });
 

@@ -1189,7 +1189,8 @@ describe('CLI', () => {
       [['serve', '--insecure=yes'], /^ordo: Option '--insecure' does not take an argument/],
       [['frobnicate'], "ordo: unknown command 'frobnicate' (try ordo --help)"],
     ];
-    const runs = await Promise.all(cases.map(([args]) => runCli(args, { env, timeoutMs: 15_000 })));
+    // Eight CLIs start at once on a small machine: the bound is for a hang, not for a slow start.
+    const runs = await Promise.all(cases.map(([args]) => runCli(args, { env, timeoutMs: 40_000 })));
     for (const [i, [args, expected]] of cases.entries()) {
       const r = runs[i]!;
       expect({ args, code: r.code }).toEqual({ args, code: 2 });

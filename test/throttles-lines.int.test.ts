@@ -501,6 +501,45 @@ describe('a poller behind another tenant’s waiters', () => {
     await ask(b, { op: 'end', tag: 'c8-a2' }, ['ended']);
     await ask(c, { op: 'end', tag: 'c8-c' }, ['ended']);
   });
+
+  it('does not take the slot a waiter needs once the end of its own tenant’s permit unblocks it', async () => {
+    await ordo.throttles.define({ name: 'api1', concurrency: 1, lease: '30s' });
+    await ordo.throttles.define({ name: 'per1', concurrency: 1, lease: '30s' });
+    const b = workers[1]!;
+    // Tenant a's cap is held (by a permit of that limit alone); a's waiter stands in line,
+    // blocked by it, while 'api1' is free.
+    const held = (await ordo.throttles.acquire('per1', { key: 'a' })) as Permit;
+    b.send({
+      op: 'acquire',
+      tag: 'c9-a',
+      items: [{ name: 'api1' }, { name: 'per1', key: 'a' }],
+      wait: '20s',
+      keep: true,
+    });
+    await until('the waiter refused by its own tenant', async () => {
+      const { rows } = await raw.query(
+        `SELECT 1 FROM ordo.throttle_waiters WHERE last_name = 'per1' AND last_key = 'a'`,
+      );
+      return rows.length === 1;
+    });
+    // The permit ends, and a poller of tenant d asks for 'api1' before the line is served (in
+    // the same transaction, so no service can come between): the slot is the waiter's now.
+    const client = await raw.connect();
+    try {
+      await client.query('BEGIN');
+      await client.query('SELECT * FROM ordo.complete_permit($1)', [held.id]);
+      const { rows } = await client.query(
+        `SELECT granted, reason, limit_name FROM ordo.acquire_all(ARRAY[1, 1], ARRAY['api1', 'per1'], ARRAY['', 'd'],
+                                                                  ARRAY[1, 1], ARRAY['poller', 'poller'])`,
+      );
+      expect(rows).toEqual([{ granted: false, reason: 'queued', limit_name: 'api1' }]);
+      await client.query('COMMIT');
+    } finally {
+      client.release();
+    }
+    await b.next((e) => e.tag === 'c9-a' && e.event === 'granted', 5000);
+    await ask(b, { op: 'end', tag: 'c9-a' }, ['ended']);
+  });
 });
 
 describe('wait over HTTP', () => {

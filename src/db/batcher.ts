@@ -8,13 +8,19 @@ import { wroteNothing } from '../errors.js';
  *   the next statement serves every queued call at once, in arrival order, up to `maxBatch`
  *   units (`units(call)`, 1 by default; always at least one call). One statement, one commit
  *   and one round trip then serve many callers: on a hot row, one lock and one WAL flush.
- * - `many` answers call i with result i, or with undefined to have that call served alone.
+ * - `many` answers call i with result i, or with undefined to have that call served alone. A
+ *   statement of one call goes out through `one`: the shared statement's short lock wait is
+ *   there so that a batch's other calls go on without a busy key, and a lone caller would get
+ *   that lock timeout as its answer.
  * - When `many` fails for several calls (one bad call, a row held by a caller's transaction past
- *   the statement's short lock wait, BATCH_LOCK_WAIT_MS), every call is served alone by `one`, so
- *   each caller gets its own answer: calls of one key (`keyOf`) one after another in arrival
+ *   the statement's short lock wait), every call is served alone by `one`, so each caller gets
+ *   its own answer: calls of one key (`keyOf`) one after another in arrival
  *   order (what is left of an exhausted sequence goes to the first callers), calls of
  *   different keys at once (a key held by a transaction holds up only its own calls). Calls
  *   served alone do not count against `slots`.
+ * - The short lock wait, 50 ms, is set in SQL by every shared statement (take_many,
+ *   throttle_batch): long enough for a standalone statement's own commit, short enough that a
+ *   caller's transaction holding one row does not hold up the whole batch.
  * - Only when the failure proves the statement wrote nothing: after a lost connection or a
  *   client-side timeout it may have committed, and serving its calls again would take numbers
  *   or permits twice; every caller then gets that error, as a lone caller would.
@@ -90,7 +96,10 @@ export class Batcher<Call, Result> {
   private async serve(batch: Waiting<Call, Result>[]): Promise<void> {
     let results: (Result | undefined)[];
     try {
-      results = await this.options.many(batch.map((w) => w.call));
+      results =
+        batch.length === 1
+          ? [await this.options.one(batch[0]!.call)]
+          : await this.options.many(batch.map((w) => w.call));
     } catch (error) {
       // A call that was alone already has its own answer; so has every call of a statement
       // whose outcome is unknown.
@@ -149,14 +158,6 @@ export interface BatcherOptions<Call, Result> {
   /** Calls of one key are served alone in arrival order. */
   keyOf: (call: Call) => string;
 }
-
-/**
- * How long a shared statement waits for a row lock before it gives way (fails, and its calls
- * are served alone): long enough for a standalone statement's own commit, short enough that a
- * caller's transaction holding one row does not hold up the whole batch. Every batch
- * statement sets it (take_many, throttle_batch).
- */
-export const BATCH_LOCK_WAIT_MS = 50;
 
 /**
  * Shared statements in flight for a pool of `poolSize`: two keep both cores of a small server

@@ -202,12 +202,36 @@ function isPg(x: Record<string, unknown>): boolean {
 }
 
 interface PgClient {
-  query(config: { text: string; values?: unknown[]; types: typeof pg.types }): Promise<{ rows: any[] }>;
+  query(config: PgConfig, values?: unknown[]): Promise<{ rows: any[] }>;
+}
+
+interface PgConfig {
+  text: string;
+  types: typeof pg.types;
 }
 
 /** A pg client with pg's default parsers, even when its pool was given other `types`. */
 function fromPg(client: PgClient): Queryable {
-  return new Adapted((text, values) => client.query({ text, values, types: pg.types }));
+  return new Adapted((text, values) => client.query(pgConfig(text), values));
+}
+
+/**
+ * pg copies a query config's own properties one by one (cloneQueryConfig, through property
+ * descriptors), which costs more than the rest of a short query in Node; a config whose text
+ * and types are on its prototype is copied for nothing. One prototype per statement text:
+ * ordo sends a few dozen, so past MAX_CONFIGS a text gets a plain object instead.
+ */
+const configs = new Map<string, PgConfig>();
+const MAX_CONFIGS = 1000;
+
+function pgConfig(text: string): PgConfig {
+  let shared = configs.get(text);
+  if (shared === undefined) {
+    shared = { text, types: pg.types };
+    if (configs.size >= MAX_CONFIGS) return shared;
+    configs.set(text, shared);
+  }
+  return Object.create(shared) as PgConfig;
 }
 
 /** Raw rows (each value the server's text, or null) parsed by column type as pg parses them. */

@@ -15,8 +15,10 @@ export class InFlight {
 
   track<T>(work: Promise<T>): Promise<T> {
     this.pending.add(work);
-    const forget = () => this.pending.delete(work);
-    work.then(forget, forget);
+    work.then(
+      () => this.pending.delete(work),
+      () => this.pending.delete(work),
+    );
     return work;
   }
 

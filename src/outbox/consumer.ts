@@ -4,13 +4,14 @@ import type pg from 'pg';
 import { backoffDelay } from '../db/backoff.js';
 import { guardClient } from '../db/clients.js';
 import { OrdoError, toOrdoError } from '../errors.js';
-import { type OutboxMessage, toMessage } from './messages.js';
+import { type OutboxMessage, readBatch } from './messages.js';
 import type { OutboxPlans } from './plans.js';
 
 export interface HandlerContext {
   /**
    * The transaction in which the checkpoint is stored: what the handler writes through it
-   * commits together with the acknowledgement of the batch, exactly once. Do not COMMIT or ROLLBACK it yourself.
+   * commits together with the acknowledgement of the batch, exactly once. It begins with the
+   * first statement sent through it. Do not COMMIT or ROLLBACK it yourself.
    */
   tx: pg.PoolClient;
   subscription: string;
@@ -56,6 +57,36 @@ export function retryDelay(attempt: number, first: number, max: number): number 
   return backoffDelay(Math.max(0, attempt - 1), Math.random, { base: first, cap: max });
 }
 
+/**
+ * The handler's transaction begins with its first statement: BEGIN goes out just before it, in
+ * the same queue. A handler that sends none leaves nothing to begin or commit, and the
+ * acknowledgement commits by itself: two round trips of a batch's four.
+ */
+function beginOnFirstQuery(client: pg.PoolClient): {
+  readonly begun: Promise<unknown> | undefined;
+  stopWatching(): void;
+} {
+  const own = Object.getOwnPropertyDescriptor(client, 'query');
+  const query = client.query as (...args: unknown[]) => Promise<unknown>;
+  let begun: Promise<unknown> | undefined;
+  client.query = function (...args: unknown[]) {
+    if (begun === undefined) {
+      begun = query.call(client, 'BEGIN');
+      begun.catch(() => undefined);
+    }
+    return query.apply(client, args);
+  } as typeof client.query;
+  return {
+    get begun() {
+      return begun;
+    },
+    stopWatching() {
+      if (own) Object.defineProperty(client, 'query', own);
+      else delete (client as { query?: unknown }).query;
+    },
+  };
+}
+
 /** Quick looks after a delivery (1, 2, 4 … 50 ms apart: about 160 ms in all). */
 const QUICK_POLLS = 8;
 const HELD_MAX_DELAY_MS = 50;
@@ -64,6 +95,12 @@ type Step =
   | { kind: 'delivered' | 'idle' | 'held' | 'lost' }
   | { kind: 'failed'; retryInMs: number }
   | { kind: 'exhausted'; error: OrdoError };
+
+/** What nack() made of a failed batch, or lease_partition() of the batch of a lapsed lease. */
+interface Failure {
+  outcome: 'split' | 'retry' | 'parked' | 'exhausted' | null;
+  attempts: number | null;
+}
 
 /**
  * One consumer of a partition of a subscription. It holds the partition's lease while it
@@ -84,6 +121,8 @@ export class Consumer {
   private wakeUp: (() => void) | undefined;
   private heartbeat: NodeJS.Timeout | undefined;
   private abort = new AbortController();
+  /** The batch of a lapsed lease, failed when this consumer took the lease: acted on before the next batch. */
+  private lapsed: Failure | undefined;
 
   constructor(
     private readonly pool: pg.Pool,
@@ -123,7 +162,7 @@ export class Consumer {
           continue;
         }
         if (this.stopping) break;
-        const step = await this.step();
+        const step = this.afterLapse() ?? (await this.step());
         failures = 0;
         if (step.kind === 'exhausted') {
           end = { reason: 'exhausted', error: step.error };
@@ -169,14 +208,24 @@ export class Consumer {
     return end;
   }
 
-  private async takeLease(): Promise<boolean> {
+  /** Takes or renews the lease; false when another consumer holds it. */
+  private async lease(): Promise<boolean> {
+    const { name, partition, leaseMs, maxAttempts, onExhausted } = this.settings;
     const { rows } = await this.pool.query(this.plans.lease, [
-      this.settings.name,
-      this.settings.partition,
+      name,
+      partition,
       this.owner,
-      this.settings.leaseMs,
+      leaseMs,
+      maxAttempts,
+      onExhausted === 'park',
     ]);
-    if (rows.length === 0) return false;
+    const row = rows[0] as Failure | undefined;
+    if (row?.outcome) this.lapsed = row;
+    return row !== undefined;
+  }
+
+  private async takeLease(): Promise<boolean> {
+    if (!(await this.lease())) return false;
     this.leased = true;
     this.abort = new AbortController();
     // stop() may have come while the lease was being taken: it must still end this consumer.
@@ -190,13 +239,7 @@ export class Consumer {
   private async renew(): Promise<void> {
     if (!this.leased) return;
     try {
-      const { rows } = await this.pool.query(this.plans.lease, [
-        this.settings.name,
-        this.settings.partition,
-        this.owner,
-        this.settings.leaseMs,
-      ]);
-      if (rows.length === 0) this.loseLease();
+      if (!(await this.lease())) this.loseLease();
     } catch (e) {
       // Removed: the loop finds out at its next lease. Anything else: the lease lasts three renewals.
       if (toOrdoError(e).code === 'subscription_not_found') this.lostSubscription();
@@ -228,14 +271,13 @@ export class Consumer {
     try {
       // Anything committed from here on is seen by the receive below or wakes the next wait.
       this.woken = false;
-      const { rows } = await client.query(this.plans.receive, [
-        name,
-        partition,
-        this.owner,
-        this.settings.batchSize,
-        this.settings.leaseMs,
-      ]);
-      if (rows.length === 0) {
+      const { messages, version, attempt } = await readBatch(
+        client,
+        this.plans.receive,
+        [name, partition, this.owner, this.settings.batchSize, this.settings.leaseMs],
+        topic,
+      );
+      if (messages.length === 0) {
         const { rows: idle } = await client.query(this.plans.pending, [name, partition, this.owner, topic]);
         if (!idle[0]?.leased) {
           this.lostSubscription();
@@ -243,39 +285,36 @@ export class Consumer {
         }
         return { kind: idle[0].pending ? 'held' : 'idle' };
       }
-      const messages = rows.map(toMessage);
-      const version: string = rows[0].version;
-      const attempt: number = rows[0].attempt;
+      const tx = beginOnFirstQuery(client);
       try {
-        // Not awaited: pg sends the handler's statements after it, in order, so a batch costs
-        // one round trip less; its failure surfaces below, before the acknowledgement.
-        const begun = client.query('BEGIN');
-        begun.catch(() => undefined);
-        if (this.abort.signal.aborted) throw new Error('the consumer stopped or lost its lease');
-        await this.settings.handler(messages, {
-          tx: client,
-          subscription: name,
-          attempt,
-          signal: this.abort.signal,
-        });
-        await begun;
-        const acked = await client.query(this.plans.ack, [
+        try {
+          if (this.abort.signal.aborted) throw new Error('the consumer stopped or lost its lease');
+          await this.settings.handler(messages, {
+            tx: client,
+            subscription: name,
+            attempt,
+            signal: this.abort.signal,
+          });
+        } finally {
+          // Whatever happened: the client goes back to the pool as it came.
+          tx.stopWatching();
+        }
+        await tx.begun;
+        const acked = await client.query(this.plans.ackHandled, [
           name,
           partition,
           this.owner,
           version,
           this.settings.leaseMs,
-          false,
-          false,
         ]);
         if (acked.rows[0].handled === null) {
-          await client.query('ROLLBACK');
+          if (tx.begun) await client.query('ROLLBACK');
           this.lostSubscription();
           return { kind: 'lost' };
         }
-        await client.query('COMMIT');
+        if (tx.begun) await client.query('COMMIT');
       } catch (e) {
-        await client.query('ROLLBACK');
+        if (tx.begun) await client.query('ROLLBACK');
         if (!this.leased || this.stopping) return { kind: 'lost' };
         return await this.failed(client, e, messages, version);
       }
@@ -312,8 +351,32 @@ export class Consumer {
       [0],
       false,
     ]);
-    const { outcome, attempts } = rows[0] as { outcome: string | null; attempts: number | null };
-    switch (outcome) {
+    const failure = rows[0] as Failure;
+    return this.settle(
+      failure,
+      `message ${messages[0]!.position} failed ${failure.attempts} times: ${reason}`,
+      e,
+    );
+  }
+
+  /**
+   * The batch of a lapsed lease (its consumer died or hung) was failed as this consumer took
+   * the lease: the same as a failure of its own, so a message that kills its consumer is
+   * retried, parked or stops the subscription after maxAttempts.
+   */
+  private afterLapse(): Step | undefined {
+    const failure = this.lapsed;
+    this.lapsed = undefined;
+    if (failure === undefined) return undefined;
+    return this.settle(
+      failure,
+      `a message of partition ${this.settings.partition} failed ${failure.attempts} times: its lease lapsed before it was acknowledged (its consumer died or hung)`,
+    );
+  }
+
+  /** What a failed batch means for the loop: split, retry it later, parked and passed, or give up. */
+  private settle(failure: Failure, why: string, cause?: unknown): Step {
+    switch (failure.outcome) {
       case null:
         this.lostSubscription();
         return { kind: 'lost' };
@@ -321,17 +384,12 @@ export class Consumer {
       case 'split':
         return { kind: 'failed', retryInMs: 0 };
       case 'retry':
-        return { kind: 'failed', retryInMs: this.retryDelay(attempts!) };
+        return { kind: 'failed', retryInMs: this.retryDelay(failure.attempts!) };
       case 'parked':
         return { kind: 'delivered' };
-      default: {
-        const message = messages[0]!;
-        const error = new OrdoError(
-          'handler_failed',
-          `subscription '${name}' stopped: message ${message.position} failed ${attempts} times: ${reason}`,
-          { cause: e },
-        );
-        return { kind: 'exhausted', error };
+      case 'exhausted': {
+        const message = `subscription '${this.settings.name}' stopped: ${why}`;
+        return { kind: 'exhausted', error: new OrdoError('handler_failed', message, { cause }) };
       }
     }
   }

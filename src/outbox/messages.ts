@@ -1,3 +1,4 @@
+import pg from 'pg';
 import { describe, invalid, knownKeys, MAX_TEXT, NOT_UNICODE, plainObject, text } from '../validate.js';
 
 /** What an application appends. */
@@ -133,6 +134,103 @@ export function toMessage(row: Record<string, any>): OutboxMessage {
     messageId: row.message_id,
     data: row.data,
     headers: row.headers ?? {},
-    createdAt: new Date(row.created_ms),
+    createdAt: instant(Number(row.created_s)),
   };
+}
+
+/**
+ * A message's instant from `date_part('epoch', created_at)`, which PostgreSQL computes as the
+ * microseconds divided by 10^6 in a float8: the microseconds are recovered exactly (the product
+ * below may be a unit off them past 2106), then cut to the millisecond as Date cuts.
+ */
+export function instant(seconds: number): Date {
+  let micros = Math.round(seconds * 1e6);
+  for (let i = 0; i < 3 && micros / 1e6 > seconds; i++) micros--;
+  for (let i = 0; i < 3 && micros / 1e6 < seconds; i++) micros++;
+  return new Date(micros / 1000);
+}
+
+/** A batch a consumer received: its messages, and the partition's version and attempt. */
+export interface Batch {
+  messages: OutboxMessage[];
+  version: string;
+  attempt: number;
+}
+
+/**
+ * Reads a batch: `text` selects the plans' message fields (without the topic, the
+ * subscription's), then the version and the attempt. Each row becomes a message as it arrives
+ * and is not kept: pg keeps every parsed row until the statement ends, and at 1,000 messages a
+ * batch those rows, alive beside the messages, doubled the consumer's CPU per message (garbage
+ * collection). The fields are read as PostgreSQL writes them, without pg's type parsers.
+ */
+export function readBatch(
+  client: pg.ClientBase,
+  text: string,
+  values: unknown[],
+  topic: string,
+): Promise<Batch> {
+  return new Promise((resolve, reject) => {
+    client.query(new BatchQuery(text, values, topic, resolve, reject));
+  });
+}
+
+/** pg's Query, with the handler of a row description that BatchQuery extends (as pg-cursor does). */
+const Query = pg.Query as unknown as new (
+  config: pg.QueryConfig,
+  callback: (error: Error | undefined) => void,
+) => pg.Query & { handleRowDescription(msg: { fields: { format: string }[] }): void };
+
+class BatchQuery extends Query {
+  private readonly batch: Batch = { messages: [], version: '', attempt: 0 };
+  private failure: unknown;
+
+  constructor(
+    text: string,
+    values: unknown[],
+    private readonly topic: string,
+    resolve: (batch: Batch) => void,
+    reject: (e: unknown) => void,
+  ) {
+    // The callback, not the query's events: pg reports a read timeout (query_timeout) only there.
+    super({ text, values }, (error) => {
+      if (error ?? this.failure) reject(error ?? this.failure);
+      else resolve(this.batch);
+    });
+  }
+
+  override handleRowDescription(msg: { fields: { format: string }[] }): void {
+    if (msg.fields.some((f) => f.format !== 'text')) {
+      this.failure ??= new Error(
+        "the outbox consumer reads text results: the pool's clients must not set binary",
+      );
+    }
+    super.handleRowDescription(msg);
+  }
+
+  /** Called by pg for each row, from the socket's data handler: it must not throw. */
+  handleDataRow(msg: { fields: (string | null)[] }): void {
+    if (this.failure !== undefined) return;
+    try {
+      const f = msg.fields;
+      const headers = f[6];
+      this.batch.messages.push({
+        position: Number(f[0]),
+        transactionId: f[1]!,
+        topic: this.topic,
+        type: f[2]!,
+        key: f[3] ?? null,
+        messageId: f[4] ?? null,
+        data: JSON.parse(f[5]!),
+        headers: headers == null ? {} : JSON.parse(headers),
+        createdAt: instant(Number(f[7])),
+      });
+      if (this.batch.messages.length === 1) {
+        this.batch.version = f[8]!;
+        this.batch.attempt = Number(f[9]);
+      }
+    } catch (e) {
+      this.failure = e;
+    }
+  }
 }

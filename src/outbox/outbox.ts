@@ -101,10 +101,14 @@ const DAY_MS = 86_400_000;
 export const MAX_PARTITIONS = 256;
 /** The most messages one batch may hold. */
 export const MAX_BATCH = 10_000;
-/** The most attempts a subscription or a nack may allow a message. */
+/** The most attempts a subscription, a receive or a nack may allow a message. */
 export const MAX_ATTEMPTS = 1_000_000;
 /** The longest receipt receive() hands out (partition.version.owner). */
 export const MAX_RECEIPT_LENGTH = 3 + 1 + 19 + 1 + 41;
+
+/** maxAttempts of subscribe(), receive() and nack(): failures of one message before it is given up (default 10). */
+const maxAttemptsOption = (value: unknown): number =>
+  value === undefined ? 10 : safeInteger('maxAttempts', value, 1, MAX_ATTEMPTS);
 
 /** Where seek() moves a subscription: its first message, what commits from now on, or what was appended since a time. */
 export type SeekTarget = 'beginning' | 'now' | Date;
@@ -114,6 +118,11 @@ export interface ReceiveOptions {
   max?: number;
   /** How long the batch is leased to this caller (default '30s'); ack or nack it before then. */
   visibilityTimeout?: string | number;
+  /**
+   * A lease that lapses before its batch is acknowledged counts as a failed attempt: after this
+   * many (default 10, with the nacks) a message is parked in dead_letters.
+   */
+  maxAttempts?: number;
 }
 
 /** A batch leased to one caller: acknowledge it with its receipt, or hand it back with nack. */
@@ -202,8 +211,7 @@ export class Outbox {
       topic,
       handler: o.handler as Handler<any>,
       batchSize: o.batchSize === undefined ? 100 : safeInteger('batchSize', o.batchSize, 1, MAX_BATCH),
-      maxAttempts:
-        o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, MAX_ATTEMPTS),
+      maxAttempts: maxAttemptsOption(o.maxAttempts),
       onExhausted:
         o.onExhausted === undefined ? 'park' : oneOf('onExhausted', o.onExhausted, ['park', 'stop']),
       leaseMs: durationOption('lease', o.lease ?? '30s', 300, DAY_MS),
@@ -293,11 +301,12 @@ export class Outbox {
     this.ensureOpen();
     outboxName('subscription name', name);
     const o = plainObject('receive options', options);
-    knownKeys('receive options', o, ['max', 'visibilityTimeout']);
+    knownKeys('receive options', o, ['max', 'visibilityTimeout', 'maxAttempts']);
     const max = o.max === undefined ? 100 : safeInteger('max', o.max, 1, MAX_BATCH);
     const leaseMs = durationOption('visibilityTimeout', o.visibilityTimeout ?? '30s', 300, DAY_MS);
+    const maxAttempts = maxAttemptsOption(o.maxAttempts);
     const owner = `http:${randomUUID()}`;
-    const { rows } = await this.run(this.plans.receiveAny, [name, owner, max, leaseMs]);
+    const { rows } = await this.run(this.plans.receiveAny, [name, owner, max, leaseMs, maxAttempts]);
     if (rows.length === 0) return { messages: [], receipt: null, attempt: 0 };
     const { partition, version, attempt } = rows[0];
     return {
@@ -323,8 +332,7 @@ export class Outbox {
     const o = plainObject('nack options', options);
     knownKeys('nack options', o, ['error', 'retryAfter', 'maxAttempts']);
     const error = o.error === undefined ? 'nack' : text('error', o.error, 1, MAX_ERROR_LENGTH);
-    const maxAttempts =
-      o.maxAttempts === undefined ? 10 : safeInteger('maxAttempts', o.maxAttempts, 1, MAX_ATTEMPTS);
+    const maxAttempts = maxAttemptsOption(o.maxAttempts);
     const delays =
       o.retryAfter === undefined
         ? Array.from({ length: Math.min(maxAttempts, 32) }, (_, i) =>

@@ -9,24 +9,27 @@ export function outboxPlans(schema: string) {
   // What receive() writes (the round's target, the batch handed out) may be lost in a crash:
   // the state is then as before it, nothing was acknowledged, and the batch comes again (an ack
   // against the lost version is refused). So its commit does not wait for the WAL flush; only
-  // the acknowledgement, in the handler's transaction, does.
+  // the acknowledgement, in the handler's transaction, does, when the handler wrote in it.
   const lazy = `CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS lazy`;
-  // A message's columns as toMessage() reads them. Parsing dominates a large batch in Node:
-  // the instant as milliseconds is a float (pg parses a timestamptz's text with a regular
-  // expression, a third of the batch's time), and the usual empty headers are not parsed.
-  const message = `position, transaction_id::text, topic, type, key, message_id, data,
-        NULLIF(headers, '{}'::jsonb) AS headers, (extract(epoch FROM created_at) * 1000)::float8 AS created_ms`;
+  // A message's columns, in the order readBatch() reads them (toMessage() reads them by name,
+  // the topic after them). The instant is seconds in a float8, date_part(): extract()'s exact
+  // numeric was a tenth of receive()'s time in the server, and pg's parser of a timestamptz's
+  // text a third of Node's. The usual empty headers are not parsed. The transaction id (and
+  // the consumer's version) are read as PostgreSQL writes them, without a cast to text.
+  const fields = `position, transaction_id, type, key, message_id, data,
+        NULLIF(headers, '{}'::jsonb) AS headers, date_part('epoch', created_at) AS created_s`;
+  const message = `${fields}, topic`;
   return {
     /** NOTIFY channel: the payload is the topic that has new messages (sent on commit). */
     channel: `ordo_outbox.${schema}`,
     /** Every message of one append, in one statement, in the caller's transaction. */
     append: `SELECT message_id, position, transaction_id::text FROM ${s}.append_many($1, $2::text[], $3::jsonb[], $4::text[], $5::text[], $6::jsonb[])`,
-    /** The next batch of a partition this consumer leases, recorded against its version. */
-    receive: `SELECT ${message}, version::text, attempt
+    /** The next batch of a partition this consumer leases, recorded against its version (readBatch). */
+    receive: `SELECT ${fields}, version, attempt
       FROM ${s}.receive($1, $2, $3, $4, $5) ${lazy}`,
     /** A batch for a consumer that is not this library: the first free partition with messages. */
     receiveAny: `SELECT partition, ${message}, version::text, attempt
-      FROM ${s}.receive_any($1, $2, $3, $4) ${lazy}`,
+      FROM ${s}.receive_any($1, $2, $3, $4, $5) ${lazy}`,
     /**
      * After an empty receive: whether a transaction that appended to the topic is still open
      * (its messages come when it commits), and whether the partition is still this consumer's.
@@ -36,9 +39,15 @@ export function outboxPlans(schema: string) {
     create: `SELECT name FROM ${s}.create_subscription($1, $2, $3, $4)`,
     join: `SELECT member FROM ${s}.join_subscription($1, $2, $3)`,
     leave: `SELECT ${s}.leave_subscription($1, $2)`,
-    lease: `SELECT partition FROM ${s}.lease_partition($1, $2, $3, $4)`,
+    /** Takes or renews a partition's lease; outcome: what became of the batch of a lapsed lease (as nack's). */
+    lease: `SELECT partition, outcome, attempts FROM ${s}.lease_partition($1, $2, $3, $4, $5, $6)`,
     release: `SELECT ${s}.release_partition($1, $2, $3) AS released`,
     ack: `SELECT ${s}.ack($1, $2, $3, $4::bigint, $5, $6, $7) AS handled`,
+    /**
+     * The same in the transaction given to the handler: its commit waits for the WAL flush only
+     * if the handler wrote in it (0019).
+     */
+    ackHandled: `SELECT ${s}.ack_handled($1, $2, $3, $4::bigint, $5) AS handled`,
     nack: `SELECT outcome, attempts FROM ${s}.nack($1, $2, $3, $4::bigint, $5, $6, $7, $8, $9)`,
     /** The same for a receipt (HTTP): refused once its lease has lapsed, even if nobody took it. */
     nackReceipt: `SELECT outcome, attempts FROM ${s}.nack($1, $2, $3, $4::bigint, $5, $6, $7, $8, $9, true)`,

@@ -36,6 +36,12 @@ export function sequencePlans(schema: string) {
     epochs: `SELECT name, epoch, kind, timeout_ms FROM ${s}.sequences WHERE name = ANY($1::text[])`,
     /** The hot path: `how_many` consecutive values, in order, in one statement. */
     take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4) ${durable}`,
+    /**
+     * One value in the caller's transaction: take() for one, as an array {value, text, period},
+     * in a statement with no set-returning function or join to plan; take_value() makes the
+     * commit durable itself (as `durable` does for the others).
+     */
+    takeValue: `SELECT ${s}.take_value($1, $2, $3) AS issued`,
     /** take(), once per (sequence, idempotency key): a retry with the key gets the same values. */
     takeOnce: `SELECT value, text, period, replayed FROM ${s}.take_once($1, $2, coalesce($3::timestamptz, now()), $4, $5) ${durable}`,
     /** Numbers a table's column at commit (a deferred trigger); false when attached so already. */

@@ -1,4 +1,4 @@
-import type pg from 'pg';
+import pg from 'pg';
 import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
 import { OrdoError, sequenceNotFound } from '../errors.js';
@@ -342,7 +342,11 @@ export class Sequences {
     try {
       if (definition.kind === 'batched') return await this.takeBatched(definition, c, count);
       if (c.idempotencyKey !== undefined) return await this.takeOnce(c.tx ?? this.pool, c, count);
-      if (c.tx) return await this.takeMany(c.tx, c.name, c.scope, c.at, count);
+      if (c.tx) {
+        return count === 1
+          ? [await this.takeValue(c.tx, c)]
+          : await this.takeMany(c.tx, c.name, c.scope, c.at, count);
+      }
       return await this.coalescer.take(c.name, c.scope, c.at, count);
     } catch (e) {
       const sqlstate = (e as { cause?: { code?: string } }).cause?.code;
@@ -410,6 +414,19 @@ export class Sequences {
     return rows.map((r) => ({ value: Number(r.value), text: r.text, period: r.period, scope }));
   }
 
+  /** The hot path of next({ tx }): one value, one statement. */
+  private async takeValue(db: Queryable, c: Checked): Promise<Issued> {
+    const { rows } = await this.run(db, this.plans.takeValue, [c.name, c.scope, c.at]);
+    const issued: unknown = rows[0].issued;
+    // A driver that does not parse arrays (a raw SQL client) gives the array's text.
+    const [value, text, period] = (typeof issued === 'string' ? parseTextArray(issued) : issued) as [
+      string,
+      string,
+      string | null,
+    ];
+    return { value: Number(value), text, period, scope: c.scope };
+  }
+
   private async takeOnce(db: Queryable, c: Checked, count: number): Promise<Issued[]> {
     const { rows } = await this.run(db, this.plans.takeOnce, [
       c.name,
@@ -454,6 +471,11 @@ function checkNext(name: string, options: NextOptions): Checked {
     idempotencyKey: o.idempotencyKey === undefined ? undefined : checkKey(o.idempotencyKey),
   };
 }
+
+/** text[]'s type id, which pg's TypeId does not list. */
+const TEXT_ARRAY = 1009 as Parameters<typeof pg.types.getTypeParser>[0];
+/** pg's parser of text[] (as text), whatever parsers a client has of its own. */
+const parseTextArray = pg.types.getTypeParser(TEXT_ARRAY, 'text') as (text: string) => (string | null)[];
 
 function checkKey(key: unknown): string {
   return text('idempotencyKey', key, 1, MAX_IDEMPOTENCY_KEY_LENGTH);

@@ -12,6 +12,7 @@ import {
   type NackOptions,
   OUTBOX_NAME_PATTERN,
   type Ordo,
+  type ReceiveOptions,
 } from '../index.js';
 import { ERROR } from './schemas.js';
 
@@ -87,6 +88,7 @@ const DURATION = {
   ],
 } as const;
 const RECEIPT = { type: 'string', minLength: 1, maxLength: MAX_RECEIPT_LENGTH } as const;
+const MAX_ATTEMPTS_SCHEMA = { type: 'integer', minimum: 1, maximum: MAX_ATTEMPTS } as const;
 const RECEIVED_MESSAGE = {
   type: 'object',
   properties: {
@@ -235,13 +237,13 @@ export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
     },
   );
 
-  app.post<{ Params: { name: string }; Body: { max?: number; visibilityTimeout?: string | number } }>(
+  app.post<{ Params: { name: string }; Body: ReceiveOptions }>(
     '/v1/subscriptions/:name/receive',
     {
       config: { scope: 'next' },
       schema: {
         summary:
-          'A batch of the next messages, leased to the caller for visibilityTimeout: ack it with its receipt, or nack it',
+          'A batch of the next messages, leased to the caller for visibilityTimeout: ack it with its receipt, or nack it; a lease that lapses counts as a failed attempt (parked after maxAttempts)',
         params: NAME_PARAMS,
         body: {
           type: 'object',
@@ -249,6 +251,7 @@ export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
           properties: {
             max: { type: 'integer', minimum: 1, maximum: MAX_BATCH },
             visibilityTimeout: DURATION,
+            maxAttempts: MAX_ATTEMPTS_SCHEMA,
           },
         },
         response: {
@@ -302,7 +305,7 @@ export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
             receipt: RECEIPT,
             error: { type: 'string', minLength: 1, maxLength: MAX_ERROR_LENGTH },
             retryAfter: DURATION,
-            maxAttempts: { type: 'integer', minimum: 1, maximum: MAX_ATTEMPTS },
+            maxAttempts: MAX_ATTEMPTS_SCHEMA,
           },
         },
         response: {

@@ -630,10 +630,6 @@ export class Throttles {
 
   /** Many calls in one statement; a completion left unanswered is served alone (which names its error). */
   private async serveMany(jobs: Job[]): Promise<(Record<string, any> | undefined)[]> {
-    // A lone call is served alone at once: the shared statement's short lock wait
-    // (BATCH_LOCK_WAIT_MS) is there to let the others of a batch go on without it, and a lone
-    // caller would get that lock timeout as its answer when a key is busy for 50 ms.
-    if (jobs.length === 1) return [await this.serveOne(jobs[0]!)];
     const ids: string[] = [];
     const decide: number[] = [];
     const req: number[] = [];
