@@ -357,7 +357,9 @@ describe('redefinition and removal while nodes hold ranges', () => {
     await until('both nodes draw', () => d1.values.length >= 2000 && d2.values.length >= 2000);
     const listeners = `SELECT pid FROM pg_stat_activity
       WHERE datname = current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()`;
-    expect((await raw.query(listeners)).rows.length).toBeGreaterThanOrEqual(2);
+    // A node serves from its range before its LISTEN connection is up (the epoch check covers
+    // that moment); this test is about notifications lost, so both must be listening first.
+    await until('both nodes listen', async () => (await raw.query(listeners)).rows.length >= 2);
     const removing = performance.now();
     await Promise.all([
       raw.query(`SELECT pg_terminate_backend(pid) FROM (${listeners}) AS l`),
