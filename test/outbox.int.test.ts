@@ -1367,8 +1367,10 @@ describe('wake-up', () => {
     try {
       await o.outbox.append('T', msgs(['first']));
       await waitFor('first', async () => (await sub.lag()).delivered === 1);
-      // The consumer looked again, found nothing and sleeps for an hour.
-      await sleep(300);
+      // After a delivery the consumer looks again a few times (8 quick looks, 1 to 50 ms apart:
+      // about 0.2 s here, longer on a loaded machine, where CI once saw them outlast 300 ms),
+      // then finds nothing and sleeps for an hour.
+      await sleep(2000);
       // Control: a row inserted without ordo.append sends no notification, so it stays put.
       await admin.query(
         `INSERT INTO ${s}.messages (topic, type, data) VALUES ('T', 'm', '{"label":"silent"}')`,
