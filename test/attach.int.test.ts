@@ -210,6 +210,56 @@ describe('numbers written at commit', () => {
     ]);
   });
 
+  it('one INSERT across 20,000 scopes commits, each scope numbered 1; again, each numbered 2', async () => {
+    // A lock per counter asked PostgreSQL's shared lock table for 20,000 locks ("out of shared
+    // memory"), and each row searched a note of every counter before it (quadratic).
+    await ordo.sequences.define({ name: 'at_scopes' });
+    await sql.query('CREATE TABLE scoped (id bigserial PRIMARY KEY, tenant text, number bigint)');
+    await ordo.sequences.attach('at_scopes', { table: 'scoped', column: 'number', scopeColumn: 'tenant' });
+    const insert = `INSERT INTO scoped (tenant) SELECT 't' || i FROM generate_series(1, 20000) AS i`;
+    await transaction([insert]);
+    await transaction([insert]);
+    const { rows } = await sql.query(
+      'SELECT number, count(*)::int AS n, count(DISTINCT tenant)::int AS tenants FROM scoped GROUP BY number ORDER BY number',
+    );
+    expect(rows).toEqual([
+      { number: '1', n: 20000, tenants: 20000 },
+      { number: '2', n: 20000, tenants: 20000 },
+    ]);
+  });
+
+  it('two counters of one lock stripe, numbered in opposite orders, never deadlock at commit', async () => {
+    // Counters share 256 lock stripes; a commit of two counters locks their stripes, even when
+    // both are in one: two tenants of one stripe must still be locked before either row.
+    await ordo.sequences.define({ name: 'at_stripe' });
+    await sql.query('CREATE TABLE striped (tenant text, number bigint)');
+    await ordo.sequences.attach('at_stripe', { table: 'striped', column: 'number', scopeColumn: 'tenant' });
+    const { rows: pair } = await sql.query(
+      `SELECT a.t AS a, b.t AS b FROM (SELECT 's' || i AS t FROM generate_series(1, 1000) AS i) AS a
+         JOIN (SELECT 's' || i AS t FROM generate_series(1, 1000) AS i) AS b
+           ON a.t < b.t AND ${S}.counter_stripe('at_stripe', a.t) = ${S}.counter_stripe('at_stripe', b.t)
+        LIMIT 1`,
+    );
+    const [x, y] = [pair[0].a as string, pair[0].b as string];
+    const failures: string[] = [];
+    await Promise.all(
+      Array.from({ length: 12 }, async (_, w) => {
+        for (let i = 0; i < 25; i++) {
+          const order = (w + i) % 2 === 0 ? [x, y] : [y, x];
+          await transaction([
+            ...order.map((t) => `INSERT INTO striped (tenant) VALUES ('${t}')`),
+            'SELECT pg_sleep(0.001)',
+          ]).catch((e: { code?: string }) => failures.push(e.code ?? String(e)));
+        }
+      }),
+    );
+    expect(failures).toEqual([]);
+    for (const tenant of [x, y]) {
+      const { rows } = await sql.query('SELECT number FROM striped WHERE tenant = $1 ORDER BY number', [tenant]);
+      expect(rows.map((r) => Number(r.number))).toEqual(range(300));
+    }
+  });
+
   it('inserted and deleted in one transaction consumes nothing; inserted then updated is numbered once', async () => {
     await ordo.sequences.define({ name: 'at_edit' });
     await sql.query('CREATE TABLE edits (id bigserial PRIMARY KEY, tag text, number bigint)');
