@@ -255,7 +255,9 @@ describe('numbers written at commit', () => {
     );
     expect(failures).toEqual([]);
     for (const tenant of [x, y]) {
-      const { rows } = await sql.query('SELECT number FROM striped WHERE tenant = $1 ORDER BY number', [tenant]);
+      const { rows } = await sql.query('SELECT number FROM striped WHERE tenant = $1 ORDER BY number', [
+        tenant,
+      ]);
       expect(rows.map((r) => Number(r.number))).toEqual(range(300));
     }
   });
