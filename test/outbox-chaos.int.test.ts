@@ -10,8 +10,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, type OrdoError, type Subscription } from '../src/index.js';
-import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
+import type { Ordo, OrdoError, Subscription } from '../src/index.js';
+import { type OutboxServer, outboxServer } from './support/outbox-server.js';
+import type { OwnPostgres } from './support/own-postgres.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const TOPIC = 'chaos';
@@ -25,32 +26,15 @@ const CHILD_DELAY_MS = 200;
 let server: OwnPostgres;
 let ordo: Ordo;
 let raw: pg.Pool;
-const children = new Set<ChildProcess>();
+let children: Set<ChildProcess>;
+let fixture: OutboxServer | undefined;
 
+// A server of its own: the SIGKILLs and restarts touch nothing of other files.
 beforeAll(async () => {
-  // A server of its own: the SIGKILL and the restarts touch nothing of other files.
-  server = await ownPostgres();
-  ordo = await createOrdo({ databaseUrl: server.url, poolSize: 8 });
-  raw = new pg.Pool({ connectionString: server.url, max: 4 });
-  // Connections still closing when the server stops must not fail the file.
-  raw.on('error', () => undefined);
-  // What the consumers handled, written through the handler's transaction: a second delivery
-  // of a position would violate the primary key; n is the order of insertion.
-  await raw.query(`CREATE TABLE received (
-    n bigserial UNIQUE,
-    position bigint PRIMARY KEY,
-    transaction_id xid8 NOT NULL,
-    consumer text NOT NULL)`);
+  fixture = await outboxServer({ poolSize: 8, rawMax: 4 });
+  ({ server, ordo, raw, children } = fixture);
 });
-
-afterAll(async () => {
-  const gone = [...children].map((c) => new Promise((resolve) => c.once('exit', resolve)));
-  for (const c of children) c.kill('SIGKILL');
-  await Promise.all(gone);
-  await ordo?.close();
-  await raw?.end();
-  await server?.stop();
-});
+afterAll(() => fixture?.stop());
 
 interface Ref {
   transactionId: string;

@@ -9,29 +9,23 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
-import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
+import { type Ordo, OrdoError } from '../src/index.js';
+import { type OutboxServer, outboxServer } from './support/outbox-server.js';
+import type { OwnPostgres } from './support/own-postgres.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 let server: OwnPostgres;
 let ordo: Ordo;
 let raw: pg.Pool;
-const children = new Set<ChildProcess>();
+let children: Set<ChildProcess>;
+let fixture: OutboxServer | undefined;
 
+// A server of its own: the SIGKILLs and restarts touch nothing of other files.
 beforeAll(async () => {
-  server = await ownPostgres();
-  ordo = await createOrdo({ databaseUrl: server.url, poolSize: 6 });
-  raw = new pg.Pool({ connectionString: server.url, max: 4 });
-  raw.on('error', () => undefined);
-  await raw.query(`CREATE TABLE received (
-    n bigserial UNIQUE, position bigint PRIMARY KEY, transaction_id xid8 NOT NULL, consumer text NOT NULL)`);
+  fixture = await outboxServer({ poolSize: 6, rawMax: 4 });
+  ({ server, ordo, raw, children } = fixture);
 });
-afterAll(async () => {
-  for (const c of children) c.kill('SIGKILL');
-  await ordo?.close();
-  await raw?.end();
-  await server?.stop();
-});
+afterAll(() => fixture?.stop());
 
 /** A consumer process of test/support/outbox-consumer.ts; resolves once it handled a batch. */
 function consumerProcess(label: string): {

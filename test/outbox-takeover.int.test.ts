@@ -12,8 +12,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo } from '../src/index.js';
-import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
+import type { Ordo } from '../src/index.js';
+import { type OutboxServer, outboxServer } from './support/outbox-server.js';
+import type { OwnPostgres } from './support/own-postgres.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 /** More processes than any fix needs: a subscription that loops forever ends the test here. */
@@ -22,22 +23,15 @@ const MAX_PROCESSES = 8;
 let server: OwnPostgres;
 let ordo: Ordo;
 let raw: pg.Pool;
-const children = new Set<ChildProcess>();
+let children: Set<ChildProcess>;
+let fixture: OutboxServer | undefined;
 
+// A server of its own: the SIGKILLs and restarts touch nothing of other files.
 beforeAll(async () => {
-  server = await ownPostgres();
-  ordo = await createOrdo({ databaseUrl: server.url });
-  raw = new pg.Pool({ connectionString: server.url, max: 2 });
-  raw.on('error', () => undefined);
-  await raw.query(`CREATE TABLE received (
-    n bigserial UNIQUE, position bigint PRIMARY KEY, transaction_id xid8 NOT NULL, consumer text NOT NULL)`);
+  fixture = await outboxServer({});
+  ({ server, ordo, raw, children } = fixture);
 });
-afterAll(async () => {
-  for (const c of children) c.kill('SIGKILL');
-  await ordo?.close();
-  await raw?.end();
-  await server?.stop();
-});
+afterAll(() => fixture?.stop());
 
 interface Delivery {
   consumer: number;
