@@ -28,7 +28,7 @@ let fixture: OutboxServer | undefined;
 
 // A server of its own: the SIGKILLs and restarts touch nothing of other files.
 beforeAll(async () => {
-  fixture = await outboxServer({});
+  fixture = await outboxServer({ rawMax: 4 });
   ({ server, ordo, raw, children } = fixture);
 });
 afterAll(() => fixture?.stop());
@@ -255,6 +255,51 @@ describe('lease_partition from SQL', () => {
       expect((refused as { code?: string }).code).toBe('OX003');
     } finally {
       c.release();
+    }
+  });
+
+  it('a receive by the holder, overtaken while it runs by a takeover of its lapsed lease, gets nothing and changes nothing', async () => {
+    await ordo.outbox.createSubscription({ name: 'overtaken', topic: 'overtaken' });
+    const appended = (await appendAll('overtaken', ['m', 'm', 'm'])).map((a) => a.position!);
+    const [a, b] = [await raw.connect(), await raw.connect()];
+    const partition = async () =>
+      (
+        await raw.query(
+          `SELECT owner, version::int, batch_last::int FROM ordo.subscription_partitions WHERE subscription = 'overtaken'`,
+        )
+      ).rows[0];
+    try {
+      await a.query(`SELECT * FROM ordo.lease_partition('overtaken', 0, 'a', 300)`);
+      await sleep(350);
+      // b takes the lapsed lease over and has not committed when a's receive runs: a reads the
+      // partition as its own, then waits for b's row lock to write its batch.
+      await b.query('BEGIN');
+      expect(
+        (await b.query(`SELECT * FROM ordo.lease_partition('overtaken', 0, 'b', 30000)`)).rows,
+      ).toHaveLength(1);
+      const before = await partition();
+      const aPid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+      const received = a.query(`SELECT position FROM ordo.receive('overtaken', 0, 'a', 10, 30000)`);
+      await expect
+        .poll(
+          async () =>
+            (await raw.query('SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1', [aPid])).rows[0]
+              ?.wait_event_type,
+          { timeout: 10_000 },
+        )
+        .toBe('Lock');
+      await b.query('COMMIT');
+      // The partition is b's: a gets nothing, and its batch was not written over b's partition.
+      expect((await received).rows).toEqual([]);
+      expect(await partition()).toEqual({ ...before, owner: 'b' });
+      const bReceives = await b.query(
+        `SELECT position, attempt FROM ordo.receive('overtaken', 0, 'b', 10, 30000)`,
+      );
+      expect(bReceives.rows.map((r) => [Number(r.position), r.attempt])).toEqual(appended.map((p) => [p, 1]));
+    } finally {
+      await b.query('ROLLBACK').catch(() => undefined);
+      a.release();
+      b.release();
     }
   });
 });
