@@ -464,14 +464,14 @@ describe('each driver next to pg', () => {
     const naive = (tx: postgres.TransactionSql): Queryable => ({
       query: async (text, values) => ({ rows: await tx.unsafe(text, values as never[]) }),
     });
-    // Each jsonb[] element goes out as a JSON string: the check on headers fails, misleadingly.
+    // Each jsonb[] element goes out as a JSON string: append_many's check on headers fails, misleadingly.
     const error = await sqlOf('plain')
       .begin((tx) => ordo.outbox.append('naive', MESSAGES, { tx: naive(tx) }))
       .catch((e: unknown) => e);
     expect(error).toBeInstanceOf(OrdoError);
     expect(error).toMatchObject({
       code: 'invalid_argument',
-      message: expect.stringContaining('headers_check'),
+      message: expect.stringContaining('headers must be a JSON object, not string'),
     });
     expect(await stored('naive')).toEqual([]);
     // Where no constraint stands in the way, the values are silently other ones.

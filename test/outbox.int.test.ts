@@ -280,6 +280,59 @@ describe('validation: invalid_argument, and nothing written', () => {
     }
   });
 
+  it('append_many from SQL refuses a bad message with OX003 naming it and what to change, and writes nothing', async () => {
+    const { o, s } = await fresh();
+    const append = (types: unknown[], keys: unknown[], ids: unknown[], headers: unknown[]) =>
+      admin
+        .query(
+          `SELECT count(*) FROM ${s}.append_many('sql', $1::text[], $2::jsonb[], $3::text[], $4::text[], $5::jsonb[])`,
+          [
+            types,
+            types.map(() => '1'),
+            keys,
+            ids,
+            headers.map((h) => (h === null ? null : JSON.stringify(h))),
+          ],
+        )
+        .then(
+          (r) => `appended ${r.rows[0].count}`,
+          (e: { code?: string; message: string }) => `${e.code}: ${e.message}`,
+        );
+    try {
+      const two = (bad: Partial<Record<'type' | 'key' | 'id' | 'headers', unknown>>) =>
+        append(
+          ['t', bad.type ?? 't'],
+          [null, bad.key ?? null],
+          [null, bad.id ?? null],
+          [null, bad.headers ?? null],
+        );
+      expect(await two({ type: '' })).toBe('OX003: message 2: type must be 1 to 200 characters');
+      expect(await two({ type: 'x'.repeat(201) })).toBe('OX003: message 2: type must be 1 to 200 characters');
+      expect(await two({ key: 'k'.repeat(201) })).toBe(
+        'OX003: message 2: key must be at most 200 characters',
+      );
+      expect(await two({ id: '' })).toBe('OX003: message 2: message id must be 1 to 200 characters');
+      expect(await two({ id: 'm'.repeat(201) })).toBe(
+        'OX003: message 2: message id must be 1 to 200 characters',
+      );
+      expect(await two({ headers: [] })).toBe('OX003: message 2: headers must be a JSON object, not array');
+      expect(await two({ headers: 'x' })).toBe('OX003: message 2: headers must be a JSON object, not string');
+      expect(await append([null], [null], [null], [null])).toBe(
+        'OX003: message 1: type must be 1 to 200 characters',
+      );
+      expect(await count(s)).toBe(0);
+      // The limits themselves, with and without a message id; absent headers are {}.
+      expect(await two({ type: 'y'.repeat(200), key: 'k'.repeat(200), headers: { a: 'b' } })).toBe(
+        'appended 2',
+      );
+      expect(await two({ id: 'm'.repeat(200) })).toBe('appended 2');
+      const { rows } = await admin.query(`SELECT DISTINCT headers FROM ${s}.messages ORDER BY 1`);
+      expect(rows.map((r) => r.headers)).toEqual([{}, { a: 'b' }]);
+    } finally {
+      await close(o);
+    }
+  });
+
   it('append reports bad input as a rejected promise, like every other call, not by throwing at once', async () => {
     const { o } = await fresh();
     try {
