@@ -167,4 +167,58 @@ describe('seek', () => {
     const missing = await ordo.outbox.seek('nobody', { to: 'now' }).catch((x: OrdoError) => x);
     expect((missing as OrdoError).code).toBe('subscription_not_found');
   });
+
+  it('waits for a receive still writing its batch under a renewed lease, then refuses: nobody else gets that batch', async () => {
+    await ordo.outbox.createSubscription({ name: 'sought', topic: 'sought' });
+    const appended = await ordo.outbox.append(
+      'sought',
+      [7, 8, 9].map((n) => ({ type: 'n', data: n })),
+    );
+    const [c1, other] = [await raw.connect(), await raw.connect()];
+    try {
+      // c1's lease lapses, and nobody took the partition over: a seek now would be allowed.
+      await c1.query(`SELECT * FROM ordo.lease_partition('sought', 0, 'c1', 300)`);
+      await sleep(350);
+      // c1 receives again (the lease renewed, the batch written), and has not committed when
+      // the seek runs.
+      await c1.query('BEGIN');
+      const batch = await c1.query(`SELECT position FROM ordo.receive('sought', 0, 'c1', 10, 60000)`);
+      expect(batch.rows.map((r) => Number(r.position))).toEqual(appended.map((a) => a.position));
+      const seekPid = (await other.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+      const sought = ordo.outbox.seek('sought', { to: 'beginning' }).catch((e: unknown) => e);
+      // ordo's pool runs the seek: wait until some backend other than c1 waits on a lock.
+      await expect
+        .poll(
+          async () =>
+            (
+              await raw.query(
+                `SELECT count(*)::int AS n FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%seek_subscription%' AND pid <> $1`,
+                [seekPid],
+              )
+            ).rows[0].n,
+          { timeout: 10_000 },
+        )
+        .toBe(1);
+      await c1.query('COMMIT');
+      const outcome = await sought;
+      expect(outcome).toBeInstanceOf(OrdoError);
+      expect((outcome as OrdoError).code).toBe('subscription_busy');
+      // c1 still holds its batch: another consumer gets nothing, and c1's acknowledgement counts.
+      const taken = await other.query(`SELECT * FROM ordo.lease_partition('sought', 0, 'c2', 300)`);
+      expect(taken.rows).toEqual([]);
+      const version = (
+        await other.query(
+          `SELECT version FROM ordo.subscription_partitions WHERE subscription = 'sought' AND partition = 0`,
+        )
+      ).rows[0].version;
+      expect((await c1.query(`SELECT ordo.ack('sought', 0, 'c1', $1, 60000) AS n`, [version])).rows).toEqual([
+        { n: 3 },
+      ]);
+    } finally {
+      await c1.query('ROLLBACK').catch(() => undefined);
+      c1.release();
+      other.release();
+    }
+  });
 });

@@ -303,6 +303,26 @@ describe('failures and refunds', () => {
     await c.complete();
   });
 
+  it('maintain() keeps an ended permit whose hold is still to come, a day on, and forgets it once the hold has passed', async () => {
+    await ordo.throttles.define({ name: 'held', every: '1s' });
+    const a = granted(await ordo.throttles.acquire('held', { key: 'k' }));
+    await a.fail('429', { retryAfter: '2d' });
+    // A day and more on, with nobody asking for the key since: the hold is not folded in yet.
+    const aged = `UPDATE ordo.permits SET ended_at = ended_at - interval '25 hours' WHERE id = $1`;
+    await raw.query(aged, [a.id]);
+    const endedPermits = async () => (await ordo.maintain()).find((m) => m.what === 'ended permits')?.deleted;
+    expect(await endedPermits()).toBe(0);
+    refused(await ordo.throttles.acquire('held', { key: 'k' }), 'paused');
+    // Another failure whose hold has passed by the time the clean-up runs: forgotten.
+    const b = granted(await ordo.throttles.acquire('held', { key: 'other' }));
+    await b.fail('429', { retryAfter: '2d' });
+    await raw.query(
+      `UPDATE ordo.permits SET ended_at = ended_at - interval '3 days', hold_until = hold_until - interval '3 days' WHERE id = $1`,
+      [b.id],
+    );
+    expect(await endedPermits()).toBe(1);
+  });
+
   it('a refund gives a token back to the bucket', async () => {
     await ordo.throttles.define({ name: 'tokens', limit: 2, per: '1m' });
     const a = granted(await ordo.throttles.acquire('tokens'));
