@@ -510,11 +510,11 @@ describe('the dashboard in Chromium', () => {
     // the page shows the steady state, not the workload's instants (a counter or a permit of
     // its own, billing 1 behind until its consumer takes the latest order).
     await page.waitForFunction(
-      () =>
+      (points) =>
         (document.querySelector('[data-sequence="invoice"] svg.spark path')?.getAttribute('d') ?? '').split(
           'L',
-        ).length > (UPDATE_SCREENSHOT ? 5 : 2),
-      undefined,
+        ).length >= points,
+      UPDATE_SCREENSHOT ? 6 : 3,
       WAIT,
     );
     const steady = () =>

@@ -304,17 +304,17 @@ describe('failures and refunds', () => {
   });
 
   it('maintain() keeps an ended permit whose hold is still to come, a day on, and forgets it once the hold has passed', async () => {
-    await ordo.throttles.define({ name: 'held', every: '1s' });
-    const a = granted(await ordo.throttles.acquire('held', { key: 'k' }));
+    await ordo.throttles.define({ name: 'held_long', every: '1s' });
+    const a = granted(await ordo.throttles.acquire('held_long', { key: 'k' }));
     await a.fail('429', { retryAfter: '2d' });
     // A day and more on, with nobody asking for the key since: the hold is not folded in yet.
     const aged = `UPDATE ordo.permits SET ended_at = ended_at - interval '25 hours' WHERE id = $1`;
     await raw.query(aged, [a.id]);
     const endedPermits = async () => (await ordo.maintain()).find((m) => m.what === 'ended permits')?.deleted;
     expect(await endedPermits()).toBe(0);
-    refused(await ordo.throttles.acquire('held', { key: 'k' }), 'paused');
+    refused(await ordo.throttles.acquire('held_long', { key: 'k' }), 'paused');
     // Another failure whose hold has passed by the time the clean-up runs: forgotten.
-    const b = granted(await ordo.throttles.acquire('held', { key: 'other' }));
+    const b = granted(await ordo.throttles.acquire('held_long', { key: 'other' }));
     await b.fail('429', { retryAfter: '2d' });
     await raw.query(
       `UPDATE ordo.permits SET ended_at = ended_at - interval '3 days', hold_until = hold_until - interval '3 days' WHERE id = $1`,
