@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Ordo, OrdoError } from '../src/index.js';
+import { waitingForLock } from './support/lock-waits.js';
 import { type OutboxServer, outboxServer } from './support/outbox-server.js';
 import type { OwnPostgres } from './support/own-postgres.js';
 
@@ -184,22 +185,9 @@ describe('seek', () => {
       await c1.query('BEGIN');
       const batch = await c1.query(`SELECT position FROM ordo.receive('sought', 0, 'c1', 10, 60000)`);
       expect(batch.rows.map((r) => Number(r.position))).toEqual(appended.map((a) => a.position));
-      const seekPid = (await other.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
       const sought = ordo.outbox.seek('sought', { to: 'beginning' }).catch((e: unknown) => e);
-      // ordo's pool runs the seek: wait until some backend other than c1 waits on a lock.
-      await expect
-        .poll(
-          async () =>
-            (
-              await raw.query(
-                `SELECT count(*)::int AS n FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%seek_subscription%' AND pid <> $1`,
-                [seekPid],
-              )
-            ).rows[0].n,
-          { timeout: 10_000 },
-        )
-        .toBe(1);
+      // ordo's pool runs the seek: wait until it waits for c1's locks.
+      await waitingForLock(raw, { like: '%seek_subscription%' });
       await c1.query('COMMIT');
       const outcome = await sought;
       expect(outcome).toBeInstanceOf(OrdoError);

@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Ordo } from '../src/index.js';
+import { waitingForLock } from './support/lock-waits.js';
 import { type OutboxServer, outboxServer } from './support/outbox-server.js';
 import type { OwnPostgres } from './support/own-postgres.js';
 
@@ -280,14 +281,7 @@ describe('lease_partition from SQL', () => {
       const before = await partition();
       const aPid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
       const received = a.query(`SELECT position FROM ordo.receive('overtaken', 0, 'a', 10, 30000)`);
-      await expect
-        .poll(
-          async () =>
-            (await raw.query('SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1', [aPid])).rows[0]
-              ?.wait_event_type,
-          { timeout: 10_000 },
-        )
-        .toBe('Lock');
+      await waitingForLock(raw, { pid: aPid });
       await b.query('COMMIT');
       // The partition is b's: a gets nothing, and its batch was not written over b's partition.
       expect((await received).rows).toEqual([]);

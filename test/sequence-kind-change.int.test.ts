@@ -3,6 +3,7 @@ import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Ordo, OrdoError } from '../src/index.js';
 import { type OrdoDatabase, ordoDatabase } from './support/database.js';
+import { waitingForLock } from './support/lock-waits.js';
 
 // A gapless sequence redefined as batched (OVERWRITE) must never hand out a value already handed
 // out (0011), whatever the takers in flight are doing (0024). Each test holds one transaction
@@ -49,22 +50,6 @@ async function release(...clients: pg.PoolClient[]): Promise<void> {
 
 async function pidOf(client: pg.PoolClient): Promise<number> {
   return (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
-}
-
-/** Waits until a session of this database other than `except` waits for a lock (whose query is like `like`). */
-async function waitingForLock(options: { except?: number; like?: string }): Promise<void> {
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    const { rows } = await sql.query(
-      `SELECT count(*)::int AS n FROM pg_stat_activity
-        WHERE datname = current_database() AND wait_event_type = 'Lock'
-          AND pid <> coalesce($1::int, 0) AND query LIKE coalesce($2::text, '%')`,
-      [options.except ?? null, options.like ?? null],
-    );
-    if (rows[0].n > 0) return;
-    if (Date.now() > deadline) throw new Error(`nothing waited for a lock: ${JSON.stringify(options)}`);
-    await sleep(10);
-  }
 }
 
 /** What the sequence hands out once batched: through a node's ranges, and fresh ranges from SQL. */
@@ -129,7 +114,7 @@ describe('(a) a value taken in a transaction still open when the sequence turns 
         const held = await take(name, tx);
         expect(held[0]).toBe(4);
         const redefining = ordo.sequences.define({ name, kind: 'batched', batch: 10, overwrite: true });
-        await waitingForLock({ like: '%define_sequence%' });
+        await waitingForLock(sql, { like: '%define_sequence%' });
         await tx.query('COMMIT');
         const definition = await redefining;
         expect(definition.start).toBeGreaterThan(Math.max(...held));
@@ -201,7 +186,7 @@ describe.each([
           (values) => ({ values, error: undefined }),
           (error: unknown) => ({ values: [], error }),
         );
-        await waitingForLock({ except: await pidOf(redefiner) });
+        await waitingForLock(sql, { except: await pidOf(redefiner) });
         await redefiner.query('COMMIT');
         const { values, error } = await taking;
         await taker.query(error ? 'ROLLBACK' : 'COMMIT');
@@ -231,9 +216,9 @@ describe('around the redefinition', () => {
       await tx.query('BEGIN');
       const held = await ordo.sequences.next(name, { tx });
       const redefining = ordo.sequences.define({ name, kind: 'batched', batch: 10, overwrite: true });
-      await waitingForLock({ like: '%define_sequence%' });
+      await waitingForLock(sql, { like: '%define_sequence%' });
       const late = ordo.sequences.next(name);
-      await waitingForLock({ like: '%take(%' });
+      await waitingForLock(sql, { like: '%take(%' });
       await tx.query('COMMIT');
       const definition = await redefining;
       const { value } = await late;
