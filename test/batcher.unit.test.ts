@@ -130,9 +130,32 @@ describe('Batcher', () => {
     expect(r.log).toEqual(['one k04', 'many k13 k21', 'one k39']);
   });
 
-  it('idle() waits for every call, fallbacks included, and never rejects', async () => {
+  it('spreads a tick’s calls over the free slots, a share each, but never splits a key: on two cores two statements run at once', async () => {
     const r = recorder();
     const b = batcher(r, { slots: 2, maxBatch: 256 });
+    const keys = ['a', 'b', 'a', 'c', 'd', 'a'];
+    const calls = keys.map((key, i) => b.submit({ key, n: i }));
+    await settle();
+    // Half of six for the first statement, and every later call of a key it holds.
+    expect(r.log).toEqual(['many a0 b1 a2 a5', 'many c3 d4']);
+    expect(r.maxOpen()).toBe(2);
+    await releaseAll(r);
+    expect(await Promise.all(calls)).toEqual(['a0', 'b1', 'a2', 'c3', 'd4', 'a5']);
+  });
+
+  it('a full statement leaves every later call, so that none overtakes an earlier call of its key', async () => {
+    const r = recorder();
+    const b = batcher(r, { slots: 1, maxBatch: 3, units: (c) => c.n });
+    // a2 does not fit beside a2; a1 would, but it would go before a2.
+    const calls = [2, 2, 1].map((n) => b.submit({ key: 'a', n }));
+    await releaseAll(r);
+    expect(await Promise.all(calls)).toEqual(['a2 alone', 'a2', 'a1']);
+    expect(r.log).toEqual(['one a2', 'many a2 a1']);
+  });
+
+  it('idle() waits for every call, fallbacks included, and never rejects', async () => {
+    const r = recorder();
+    const b = batcher(r, { slots: 1, maxBatch: 256 });
     const calls = [b.submit({ key: 'a', n: 1 }), b.submit({ key: 'b', n: 1 })].map((p) =>
       p.catch((e: unknown) => e),
     );
