@@ -123,7 +123,12 @@ async function run(ctx: BenchContext): Promise<Table[]> {
       ]);
       await reset(admin);
     }
-    const composite = await compositeRows(ctx, ordo, counter);
+    const composite = await compositeRows(
+      ctx,
+      ordo,
+      counter,
+      vacuumed ? () => standInAutovacuum(admin) : null,
+    );
     rows.push(...composite.rows);
     goals.push(composite.goal);
     await ordo.close();
@@ -171,8 +176,9 @@ async function run(ctx: BenchContext): Promise<Table[]> {
           ...(vacuumed
             ? [
                 'autovacuum is off on this PostgreSQL: ordo.permits, ordo.throttle_state and the RateLimiterPostgres table were',
-                '  vacuumed every second during the acquire + complete scenarios, as autovacuum would (ordo.permits asks for it',
-                '  every 5,000 dead rows); without it the permits written, ended and deleted by every op pile up as dead rows.',
+                '  vacuumed every second during the acquire + complete and composite scenarios, as autovacuum would (ordo.permits',
+                '  asks for it every 5,000 dead rows); without it the permits written, ended and deleted by every op pile up as dead',
+                '  rows.',
               ]
             : []),
         ],
@@ -258,6 +264,7 @@ async function compositeRows(
   ctx: BenchContext,
   ordo: Ordo,
   counter: { count: number },
+  vacuums: (() => () => Promise<void>) | null,
 ): Promise<{ rows: Row[]; goal: string[] }> {
   for (const name of [GLOBAL, TENANT])
     await ordo.throttles.define({
@@ -271,6 +278,7 @@ async function compositeRows(
   const key = () => MANY.key();
   let composite = 0;
   let singles = 0;
+  const stopVacuums = vacuums?.() ?? (async () => undefined);
   const measured = await interleave(
     {
       composite: {
@@ -297,6 +305,7 @@ async function compositeRows(
     },
     ctx,
   );
+  await stopVacuums();
   const ok = (n: number): Verified => ({ ok: n > 0, text: n > 0 ? `✓ ${fmt.int(n)} granted` : '✗ none' });
   const c = logged(ctx, {
     label: 'ordo acquireAll (2 limits) + complete',
