@@ -47,7 +47,7 @@ const refused = (sqlstate: string) =>
 /** A batcher over the recorder's statements, calls keyed by their key. */
 const batcher = (
   r: ReturnType<typeof recorder>,
-  options: { slots: number; maxBatch: number; units?: (c: Call) => number },
+  options: { slots: number; maxBatch: number; units?: (c: Call) => number; spread?: boolean },
 ) => new Batcher<Call, string>({ one: r.one, many: r.many, keyOf: (c) => c.key, ...options });
 
 const settle = () => new Promise<void>((resolve) => setImmediate(resolve));
@@ -130,9 +130,9 @@ describe('Batcher', () => {
     expect(r.log).toEqual(['one k04', 'many k13 k21', 'one k39']);
   });
 
-  it('spreads a tick’s calls over the free slots, a share each, but never splits a key: on two cores two statements run at once', async () => {
+  it('with spread, a tick’s calls go out over the free slots, a share each, but a key is never split: on two cores two statements run at once', async () => {
     const r = recorder();
-    const b = batcher(r, { slots: 2, maxBatch: 256 });
+    const b = batcher(r, { slots: 2, maxBatch: 256, spread: true });
     const keys = ['a', 'b', 'a', 'c', 'd', 'a'];
     const calls = keys.map((key, i) => b.submit({ key, n: i }));
     await settle();
@@ -141,6 +141,13 @@ describe('Batcher', () => {
     expect(r.maxOpen()).toBe(2);
     await releaseAll(r);
     expect(await Promise.all(calls)).toEqual(['a0', 'b1', 'a2', 'c3', 'd4', 'a5']);
+    // Without spread, one statement takes the whole queue.
+    const whole = recorder();
+    const one = batcher(whole, { slots: 2, maxBatch: 256 });
+    const again = keys.map((key, i) => one.submit({ key, n: i }));
+    await releaseAll(whole);
+    await Promise.all(again);
+    expect(whole.log).toEqual(['many a0 b1 a2 c3 d4 a5']);
   });
 
   it('a full statement leaves every later call, so that none overtakes an earlier call of its key', async () => {
@@ -155,7 +162,7 @@ describe('Batcher', () => {
 
   it('idle() waits for every call, fallbacks included, and never rejects', async () => {
     const r = recorder();
-    const b = batcher(r, { slots: 1, maxBatch: 256 });
+    const b = batcher(r, { slots: 2, maxBatch: 256 });
     const calls = [b.submit({ key: 'a', n: 1 }), b.submit({ key: 'b', n: 1 })].map((p) =>
       p.catch((e: unknown) => e),
     );

@@ -236,7 +236,7 @@ describe('Coalescer', () => {
 
     it('sends the calls of several keys made in the same tick as one takeBatch: result i answers request i', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.takeOne, db.takeBatch);
       const at = '2026-01-01T00:00:00.000Z';
       const calls = [
         one(c, 'a', '', null),
@@ -534,7 +534,7 @@ describe('Coalescer', () => {
   describe('callers wanting several values', () => {
     it('gives each caller its own consecutive slice; the callers of a tick share one statement', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.takeOne, db.takeBatch);
       const first = track<Issued | Issued[]>([
         c.take('a', '', null, 3),
         one(c, 'a'),
@@ -638,7 +638,7 @@ describe('Coalescer', () => {
   describe('takeBatch failure', () => {
     it('serves each caller through takeOne on its own: an unknown key is refused, the others answered', async () => {
       const db = new FakeDb({ unknown: ['nope'] });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls = [
         one(c, 'a', '', null),
         one(c, 'nope', '', null),
@@ -666,7 +666,7 @@ describe('Coalescer', () => {
       ['a refusal of ordo', new OrdoError('sequence_not_found', 'The sequence was removed')],
     ])('falls back when the statement surely wrote nothing: %s', async (_, thrown) => {
       const db = new FakeDb({ batchError: thrown });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls = [...take(c, 'a', 2), ...take(c, 'b', 1)];
       expect(values(await Promise.all(calls))).toEqual([1, 2, 1]);
       expect(db.log()).toEqual(['batch a×2 b×1', 'one a×1', 'one b×1', 'one a×1']);
@@ -682,7 +682,7 @@ describe('Coalescer', () => {
       'gives every caller the error when the statement may have committed (%s): taking again could take twice',
       async (_, thrown) => {
         const db = new FakeDb({ batchError: thrown });
-        const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+        const c = new Coalescer(db.takeOne, db.takeBatch);
         const calls = [...take(c, 'a', 2), ...take(c, 'b', 1)];
         expect(await Promise.allSettled(calls)).toEqual(
           calls.map(() => ({ status: 'rejected', reason: thrown })),
@@ -929,7 +929,7 @@ describe('Coalescer', () => {
 
     it('waits for a failed takeBatch and every fallback, and resolves although callers were refused', async () => {
       const db = new FakeDb({ gated: true, limits: { e: 1 }, unknown: ['nope'] });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls = [one(c, 'a', '', null), ...take(c, 'e', 2), one(c, 'nope', '', null)];
       const { outcomes } = track(calls);
       let seen: unknown;
@@ -950,7 +950,7 @@ describe('Coalescer', () => {
 
     it('never rejects, even when every statement fails', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.takeOne, db.takeBatch);
       const calls = [one(c, 'a', '', null), one(c, 'b', '', null)].map((p) => p.catch((e: unknown) => e));
       const idle = c.idle();
       const boom = serverError('40P01', 'deadlock detected');

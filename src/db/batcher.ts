@@ -8,11 +8,14 @@ import { wroteNothing } from '../errors.js';
  *   the next statement serves the queued calls at once, in arrival order, up to `maxBatch`
  *   units (`units(call)`, 1 by default; always at least one call). One statement, one commit
  *   and one round trip then serve many callers: on a hot row, one lock and one WAL flush.
- * - With several slots free, each statement takes a share of the queue, so that statements run
- *   side by side (32 callers answered at once come back at once, and one statement taking them
- *   all left the second core idle: +20 to 30% decisions per second on 1,000 keys). A key's
- *   calls (`keyOf`) are never split by the share, and a statement that is full leaves every
- *   later call: no call overtakes an earlier one of its key.
+ * - With `spread` and several slots free, each statement takes a share of the queue, so that
+ *   statements run side by side. Callers answered at once come back at once, and one statement
+ *   taking them all leaves the other slots, and the database's other cores, idle. A key's calls
+ *   (`keyOf`) are never split by the share, and a statement that is full leaves every later
+ *   call: no call overtakes an earlier one of its key. It pays where the statement's work is
+ *   the database's (a throttle decision: +20 to 30% on 1,000 keys, `npm run bench --
+ *   throttles`), not where it is the client's (numbers from 64 counters: 12% fewer, since two
+ *   statements cost the client twice what one does).
  * - `many` answers call i with result i, or with undefined to have that call served alone. A
  *   statement of one call goes out through `one`: the shared statement's short lock wait is
  *   there so that a batch's other calls go on without a busy key, and a lone caller would get
@@ -69,10 +72,9 @@ export class Batcher<Call, Result> {
 
   private dispatch(): void {
     if (this.queue.length === 0 || this.inFlight >= this.options.slots) return;
-    // A share of the queue for each free slot, so that statements of different keys run side
-    // by side (on two cores, two at once); but every call of a key already in this statement
-    // goes with it: on a hot row one lock and one commit serve them all.
-    const share = Math.ceil(this.queue.length / (this.options.slots - this.inFlight));
+    const share = this.options.spread
+      ? Math.ceil(this.queue.length / (this.options.slots - this.inFlight))
+      : this.queue.length;
     const keys = new Set<string>();
     const batch: Waiting<Call, Result>[] = [];
     const left: Waiting<Call, Result>[] = [];
@@ -166,8 +168,10 @@ export interface BatcherOptions<Call, Result> {
   maxBatch: number;
   /** What a call weighs against maxBatch (default 1). */
   units?: (call: Call) => number;
-  /** Calls of one key are served alone in arrival order. */
+  /** Calls of one key are served alone in arrival order, and never split by `spread`. */
   keyOf: (call: Call) => string;
+  /** Share the queue among the free slots rather than one statement taking it all. */
+  spread?: boolean;
 }
 
 /**

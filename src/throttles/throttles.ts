@@ -217,6 +217,8 @@ export class Throttles {
       many: (jobs) => this.serveMany(jobs),
       slots: statementSlots((pool as { options?: { max?: number } }).options?.max),
       maxBatch: MAX_BATCH,
+      // A decision is the database's work: two statements at once use two of its cores.
+      spread: true,
       // A completion is its own key; a decision's is its first limit.
       keyOf: (job) => (job.kind === 'complete' ? job.id : `${job.items[0]!.name}\u0000${job.items[0]!.key}`),
     });
