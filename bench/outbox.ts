@@ -422,7 +422,7 @@ async function consumerThroughput(ctx: BenchContext, admin: pg.Pool): Promise<Ta
         });
         const timedOut = await Promise.race([
           finished.then(() => false),
-          sleep(120_000, true, { signal: ctx.signal }),
+          sleep(120_000, true, { signal: ctx.signal, ref: false }),
         ]);
         const seconds = (performance.now() - started) / 1000;
         // The last batch's checkpoint commits after its handler returned.
@@ -789,7 +789,7 @@ async function partitionRate(ctx: BenchContext, ordo: Ordo, partitions: number):
       );
     }
     const started = performance.now();
-    await Promise.race([finished, sleep(120_000, undefined, { signal: ctx.signal })]);
+    await Promise.race([finished, sleep(120_000, undefined, { signal: ctx.signal, ref: false })]);
     return (handled * 1000) / (performance.now() - started);
   } finally {
     ctx.signal.removeEventListener('abort', kill);
