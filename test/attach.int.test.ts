@@ -728,6 +728,28 @@ describe('REPEATABLE READ and SERIALIZABLE', () => {
     expect(rows.map((r) => Number(r.number))).toEqual(range(620));
   });
 
+  it('SERIALIZABLE, one INSERT across more tenants than the commit keeps noted, each tenant in rounds: every row numbered, in order', async () => {
+    // 0028 notes the last 64 counters a commit numbered; the rows of the other 36 tenants' second
+    // and third rounds are numbered again through the subtransaction, as the first row was.
+    await ordo.sequences.define({ name: 'at_ser_many' });
+    await sql.query('CREATE TABLE ser_many (id bigserial, tenant text, number bigint)');
+    await ordo.sequences.attach('at_ser_many', {
+      table: 'ser_many',
+      column: 'number',
+      scopeColumn: 'tenant',
+    });
+    await transaction([
+      'SET TRANSACTION ISOLATION LEVEL SERIALIZABLE',
+      `INSERT INTO ser_many (tenant) SELECT 't' || t FROM generate_series(1, 3) AS r, generate_series(1, 100) AS t ORDER BY r, t`,
+    ]);
+    const { rows } = await sql.query(
+      'SELECT tenant, array_agg(number ORDER BY id) AS numbers FROM ser_many GROUP BY tenant ORDER BY tenant',
+    );
+    expect(rows).toHaveLength(100);
+    for (const r of rows) expect(r.numbers.map(Number)).toEqual([1, 2, 3]);
+    expect(await counter('at_ser_many', 't77')).toBe(3);
+  });
+
   it('names the counter raced (a scope) and consumes nothing; through ordo.transaction it is serialization_failure (409)', async () => {
     await ordo.sequences.define({ name: 'at_rr_scoped' });
     await sql.query('CREATE TABLE rr_scoped (tenant text, number bigint)');
