@@ -219,7 +219,9 @@ export class Throttles {
       maxBatch: MAX_BATCH,
       // A decision is the database's work: two statements at once use two of its cores.
       spread: true,
-      // A completion is its own key; a decision's is its first limit.
+      // A completion is its own key; a decision's is its first limit. So a decision may go in
+      // the other statement than an end made at the same moment (it may not see that end), and
+      // two requests sharing only a later limit may wait there for each other's lock.
       keyOf: (job) => (job.kind === 'complete' ? job.id : `${job.items[0]!.name}\u0000${job.items[0]!.key}`),
     });
     this.defaultHolder = `${hostname()}:${process.pid}:${nodeId}`.slice(0, MAX_TEXT);
