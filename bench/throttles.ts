@@ -72,7 +72,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
     for (const keys of [HOT, MANY]) {
       let ordoOps = 0;
       let rlfOps = 0;
-      const stopVacuums = vacuumed ? standInAutovacuum(admin) : async () => undefined;
+      const stopVacuums = standInAutovacuum(admin, vacuumed);
       const measured = await interleave(
         {
           ordo: {
@@ -123,12 +123,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
       ]);
       await reset(admin);
     }
-    const composite = await compositeRows(
-      ctx,
-      ordo,
-      counter,
-      vacuumed ? () => standInAutovacuum(admin) : null,
-    );
+    const composite = await compositeRows(ctx, ordo, counter, () => standInAutovacuum(admin, vacuumed));
     rows.push(...composite.rows);
     goals.push(composite.goal);
     await ordo.close();
@@ -232,8 +227,9 @@ async function vacuumsStandIn(admin: pg.Pool): Promise<boolean> {
   return rows[0].off === true;
 }
 
-/** Vacuums both sides' tables every second until stopped, as autovacuum would. */
-function standInAutovacuum(admin: pg.Pool): () => Promise<void> {
+/** When `needed`, vacuums both sides' tables every second until stopped, as autovacuum would. */
+function standInAutovacuum(admin: pg.Pool, needed: boolean): () => Promise<void> {
+  if (!needed) return async () => undefined;
   let running = true;
   const loop = (async () => {
     while (running) {
@@ -264,7 +260,7 @@ async function compositeRows(
   ctx: BenchContext,
   ordo: Ordo,
   counter: { count: number },
-  vacuums: (() => () => Promise<void>) | null,
+  vacuums: () => () => Promise<void>,
 ): Promise<{ rows: Row[]; goal: string[] }> {
   for (const name of [GLOBAL, TENANT])
     await ordo.throttles.define({
@@ -278,7 +274,7 @@ async function compositeRows(
   const key = () => MANY.key();
   let composite = 0;
   let singles = 0;
-  const stopVacuums = vacuums?.() ?? (async () => undefined);
+  const stopVacuums = vacuums();
   const measured = await interleave(
     {
       composite: {
