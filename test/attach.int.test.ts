@@ -729,8 +729,8 @@ describe('REPEATABLE READ and SERIALIZABLE', () => {
   });
 
   it('SERIALIZABLE, one INSERT across more tenants than the commit keeps noted, each tenant in rounds: every row numbered, in order', async () => {
-    // 0028 notes the last 64 counters a commit numbered; the rows of the other 36 tenants' second
-    // and third rounds are numbered again through the subtransaction, as the first row was.
+    // 0028 notes the last 64 counters a commit numbered: 100 tenants coming round in turn are
+    // never in the note, so every row is numbered through the subtransaction, as a first row is.
     await ordo.sequences.define({ name: 'at_ser_many' });
     await sql.query('CREATE TABLE ser_many (id bigserial, tenant text, number bigint)');
     await ordo.sequences.attach('at_ser_many', {
