@@ -200,9 +200,15 @@ describe('costs against a token bucket', () => {
         workers: 5,
         items: [{ name: 'tokens' }],
         costs: [1, 2, 3, 4, 5].map((c) => ((c + p) % 5) + 1),
-        wait: '5s',
+        // Longer than the line takes to come round (15 requests of 3 tokens on average, at ten
+        // tokens a second): a wait that ran out would go to the back of the line again.
+        wait: '20s',
       });
-    await sleep(2500);
+    // Until every cost has had a grant rather than for a time: the line is served in arrival
+    // order, about ten tokens a second, so on a loaded machine the requests for 1 may stand
+    // last; a line that starves a cost fails here.
+    const costsGranted = () => new Set(all('grant', 'c2-').map((e) => e.cost as number)).size;
+    await until('a grant of every cost', async () => costsGranted() === 5, 30_000);
     for (const [p, w] of workers.slice(0, 3).entries()) w.send({ op: 'stop', tag: `c2-${p}` });
     await Promise.all(
       workers.slice(0, 3).map((w, p) => w.next((e) => e.event === 'stopped' && e.tag === `c2-${p}`)),
