@@ -38,7 +38,7 @@ interface Binaries {
 }
 
 /** Who runs PostgreSQL: ourselves, or (as root, which PostgreSQL refuses) the `postgres` user. */
-interface RunAs {
+export interface RunAs {
   uid?: number;
   gid?: number;
 }
@@ -162,6 +162,17 @@ async function launch(dir: string): Promise<Started> {
       postmasters.delete(postmaster);
     },
   };
+}
+
+/**
+ * The embedded server's `postgres` binary and the user it runs as, for a tool that runs it itself
+ * on a data directory startEmbedded() made and stopped (bench/throttle-instructions.ts runs it
+ * single-user under callgrind).
+ */
+export async function embeddedPostgres(): Promise<{ postgres: string; runAs: RunAs }> {
+  const fail = (what: string, cause?: unknown): OrdoError =>
+    new OrdoError('embedded_failed', `The embedded PostgreSQL ${what}.`, { cause });
+  return { postgres: (await loadBinaries()).postgres, runAs: userInfo().uid === 0 ? postgresUser(fail) : {} };
 }
 
 /**
