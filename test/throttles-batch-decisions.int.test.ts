@@ -155,6 +155,58 @@ describe('a batch decided in one statement', () => {
     });
   });
 
+  it('refuses arguments a caller in SQL can get wrong, one item or several, writing nothing', async () => {
+    // [req, names, keys, costs, holders]: each shape once with one item and once among others.
+    const long = 'x'.repeat(201);
+    const bad: [unknown[], RegExp][] = [];
+    const items = (...i: unknown[][]) => i;
+    for (const [req, name, key, cost, holder] of [
+      [null, 'slots', 'a', 1, 'h'],
+      [1, null, 'a', 1, 'h'],
+      [1, 'slots', null, 1, 'h'],
+      [1, 'slots', long, 1, 'h'],
+      [1, 'slots', 'a', null, 'h'],
+      [1, 'slots', 'a', 0, 'h'],
+      [1, 'slots', 'a', 1_000_001, 'h'],
+      [1, 'slots', 'a', 1, long],
+    ]) {
+      const shape =
+        /Each item needs a request number, a throttle name, a key \(a text of at most 200 characters\)/;
+      bad.push([items([req], [name], [key], [cost], [holder]), shape]);
+      bad.push([items([1, req], ['bucket', name], ['b', key], [1, cost], ['h', holder]), shape]);
+    }
+    bad.push([items([1, 2], ['slots'], ['a', 'b'], [1, 1], ['h', 'h']), /Each item needs/]);
+    bad.push([items([1], ['slots'], ['a'], [1], ['h', 'h']), /Each item needs/]);
+    bad.push([
+      items([1, 1], ['slots', 'slots'], ['a', 'a'], [1, 1], ['h', 'h']),
+      /names each throttle and key at most once/,
+    ]);
+    const before = await raw.query(STATE);
+    const live = await raw.query(LIVE);
+    for (const [values, message] of bad) {
+      const e = await raw.query(DECIDE, values).then(
+        () => undefined,
+        (error: { code?: string; message: string }) => error,
+      );
+      expect(e, JSON.stringify(values)).toMatchObject({
+        code: 'OX003',
+        message: expect.stringMatching(message),
+      });
+    }
+    expect((await raw.query(STATE)).rows).toEqual(before.rows);
+    expect((await raw.query(LIVE)).rows).toEqual(live.rows);
+    // A NULL holder is the session's, not an error; the same request with one is granted.
+    const client = await raw.connect();
+    try {
+      await client.query('BEGIN');
+      const { rows } = await client.query(DECIDE, [[1], ['slots'], ['a'], [1], [null]]);
+      expect(rows).toEqual([{ granted: true, reason: null, limit_name: null, limit_key: null }]);
+    } finally {
+      await client.query('ROLLBACK');
+      client.release();
+    }
+  });
+
   it('groups items by request number, in the order of their first item', async () => {
     const client = await raw.connect();
     try {
