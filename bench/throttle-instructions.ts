@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { createReadStream } from 'node:fs';
 import { chmod, chown, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -49,6 +50,8 @@ try {
   await server.stop();
 
   const { postgres, runAs } = await embeddedPostgres();
+  // callgrind writes its counts here, as the user the server runs as.
+  if (runAs.uid !== undefined) await chown(dir, runAs.uid, runAs.gid!);
   const run = async (n: number, iterations: number): Promise<number> => {
     const script = join(dir, `run-${n}-${iterations}.sql`);
     // Single-user mode (-j): statements end with a semicolon and an empty line.
@@ -57,7 +60,6 @@ try {
       `SELECT setseed(0.5);\n\n${`${iteration(n).replaceAll('\n', ' ')}\n\n`.repeat(iterations)}`,
     );
     const out = join(dir, `callgrind-${n}-${iterations}.out`);
-    if (runAs.uid !== undefined) await chown(dir, runAs.uid, runAs.gid!);
     const { stdout, stderr } = await new Promise<{ stdout: string; stderr: string }>((resolve, reject) => {
       const child = spawn(
         'valgrind',
@@ -81,7 +83,7 @@ try {
         reject(new Error(`valgrind could not be run (${e.message}): apt-get install valgrind`)),
       );
       child.on('exit', () => resolve({ stdout, stderr }));
-      void import('node:fs').then((fs) => fs.createReadStream(script).pipe(child.stdin));
+      createReadStream(script).pipe(child.stdin);
     });
     const done = (stdout.match(new RegExp(`count = "${n}"`, 'g')) ?? []).length;
     if (done !== iterations || /ERROR/.test(stdout + stderr)) {
