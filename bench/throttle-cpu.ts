@@ -1,7 +1,7 @@
-import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { RateLimiterPostgres } from 'rate-limiter-flexible';
-import { createOrdo } from '../src/index.js';
+import { createOrdo, type Ordo } from '../src/index.js';
+import { backendCpu, type CpuVariant, measureCpu, withScratchDatabase } from './cpu.js';
 
 /**
  * CPU per throttle decision, the server's and Node's apart, against rate-limiter-flexible's
@@ -27,26 +27,13 @@ const N = Number(process.argv[2] ?? 32000);
 const ROUNDS = Number(process.argv[3] ?? 20);
 const KEYS = 1000;
 const THROTTLE = 'cpu_throttle';
-
-const db = `ordo_throttle_cpu_${process.pid}`;
-const admin = new pg.Client({ connectionString: url });
-await admin.connect();
-await admin.query(`CREATE DATABASE ${db}`);
-const target = new URL(url);
-target.pathname = `/${db}`;
 const key = () => `k${Math.floor(Math.random() * KEYS)}`;
 
-/** One connection's backend: its CPU time so far, in ns. */
-async function backend(query: (text: string) => Promise<{ rows: any[] }>): Promise<() => number> {
-  const pid = (await query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
-  return () => Number(readFileSync(`/proc/${pid}/schedstat`, 'utf8').split(' ')[0]);
-}
-
-try {
-  const pools = [0, 1].map(() => new pg.Pool({ connectionString: target.toString(), max: 1 }));
+await withScratchDatabase('ordo_throttle_cpu', url, async (target) => {
+  const pools = [0, 1].map(() => new pg.Pool({ connectionString: target, max: 1 }));
   const [one, sixteen] = await Promise.all(pools.map((pool) => createOrdo({ pool })));
   await one!.throttles.define({ name: THROTTLE, limit: 1_000_000, per: '1s', lease: '1m' });
-  const rlfClient = new pg.Client({ connectionString: target.toString() });
+  const rlfClient = new pg.Client({ connectionString: target });
   await rlfClient.connect();
   const limiter = await new Promise<RateLimiterPostgres>((resolve, reject) => {
     const created: RateLimiterPostgres = new RateLimiterPostgres(
@@ -54,65 +41,43 @@ try {
       (error?: Error) => (error ? reject(error) : resolve(created)),
     );
   });
-  const acquireComplete = async (ordo: typeof one) => {
-    const permit = await ordo!.throttles.acquire(THROTTLE, { key: key() });
+  const acquireComplete = async (ordo: Ordo) => {
+    const permit = await ordo.throttles.acquire(THROTTLE, { key: key() });
     if (!permit.granted) throw new Error(`refused: ${permit.reason}`);
     await permit.complete();
   };
-  interface Variant {
-    ops: number; // per call of run
-    run: () => Promise<unknown>;
-    server: () => number;
-  }
-  const variants: Record<string, Variant> = {
+  const variants: Record<string, CpuVariant> = {
     RateLimiterPostgres: {
       ops: 1,
       run: () => limiter.consume(key()),
-      server: await backend((t) => rlfClient.query(t)),
+      server: await backendCpu((t) => rlfClient.query(t)),
     },
-    'ordo × 1': { ops: 1, run: () => acquireComplete(one), server: await backend((t) => pools[0]!.query(t)) },
+    'ordo × 1': {
+      ops: 1,
+      run: () => acquireComplete(one!),
+      server: await backendCpu((t) => pools[0]!.query(t)),
+    },
     'ordo × 16': {
       ops: 16,
-      run: () => Promise.all(Array.from({ length: 16 }, () => acquireComplete(sixteen))),
-      server: await backend((t) => pools[1]!.query(t)),
+      run: () => Promise.all(Array.from({ length: 16 }, () => acquireComplete(sixteen!))),
+      server: await backendCpu((t) => pools[1]!.query(t)),
     },
   };
-  const only = process.env.VARIANTS?.split(',');
-  const names = Object.keys(variants).filter((v) => !only || only.includes(v));
-  const totals = new Map(names.map((n) => [n, { server: 0, client: 0, wall: 0, ops: 0 }]));
-  for (const n of names) for (let i = 0; i < 1000; i += variants[n]!.ops) await variants[n]!.run(); // warm-up
-  for (let r = 0; r < ROUNDS; r++) {
-    for (const n of names) {
-      const v = variants[n]!;
-      await admin.query(`VACUUM`).catch(() => undefined);
-      const s0 = v.server();
-      const c0 = process.cpuUsage();
-      const w0 = performance.now();
-      let ops = 0;
-      while (ops < N / ROUNDS) {
-        await v.run();
-        ops += v.ops;
-      }
-      const w = performance.now() - w0;
-      const c = process.cpuUsage(c0);
-      const t = totals.get(n)!;
-      t.server += v.server() - s0;
-      t.client += (c.user + c.system) * 1000;
-      t.wall += w * 1e6;
-      t.ops += ops;
-    }
-  }
-  const us = (ns: number, ops: number) => (ns / ops / 1000).toFixed(1).padStart(7);
-  console.log(
-    `per op (a decision, and for ordo its permit's completion), µs, ${N} ops each in ${ROUNDS} rounds:`,
-  );
-  console.log('variant               server  client     sum    wall');
-  for (const [n, t] of totals) {
-    const cells = [t.server, t.client, t.server + t.client, t.wall].map((ns) => us(ns, t.ops));
-    console.log(`${n.padEnd(20)} ${cells.join(' ')}`);
-  }
-  await Promise.all([one!.close(), sixteen!.close(), rlfClient.end(), ...pools.map((p) => p.end())]);
-} finally {
-  await admin.query(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
-  await admin.end();
-}
+  // Autovacuum may be off (CI's setting): permits are written, ended and deleted by every op.
+  const vacuum = new pg.Client({ connectionString: target });
+  await vacuum.connect();
+  await measureCpu(variants, {
+    ops: N,
+    rounds: ROUNDS,
+    warmup: 1000,
+    beforeRound: () => vacuum.query('VACUUM'),
+    what: "a decision, and for ordo its permit's completion",
+  });
+  await Promise.all([
+    one!.close(),
+    sixteen!.close(),
+    rlfClient.end(),
+    vacuum.end(),
+    ...pools.map((p) => p.end()),
+  ]);
+});

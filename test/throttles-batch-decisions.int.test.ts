@@ -159,7 +159,6 @@ describe('a batch decided in one statement', () => {
     // [req, names, keys, costs, holders]: each shape once with one item and once among others.
     const long = 'x'.repeat(201);
     const bad: [unknown[], RegExp][] = [];
-    const items = (...i: unknown[][]) => i;
     for (const [req, name, key, cost, holder] of [
       [null, 'slots', 'a', 1, 'h'],
       [1, null, 'a', 1, 'h'],
@@ -172,13 +171,28 @@ describe('a batch decided in one statement', () => {
     ]) {
       const shape =
         /Each item needs a request number, a throttle name, a key \(a text of at most 200 characters\)/;
-      bad.push([items([req], [name], [key], [cost], [holder]), shape]);
-      bad.push([items([1, req], ['bucket', name], ['b', key], [1, cost], ['h', holder]), shape]);
+      bad.push([[[req], [name], [key], [cost], [holder]], shape]);
+      bad.push([
+        [
+          [1, req],
+          ['bucket', name],
+          ['b', key],
+          [1, cost],
+          ['h', holder],
+        ],
+        shape,
+      ]);
     }
-    bad.push([items([1, 2], ['slots'], ['a', 'b'], [1, 1], ['h', 'h']), /Each item needs/]);
-    bad.push([items([1], ['slots'], ['a'], [1], ['h', 'h']), /Each item needs/]);
+    bad.push([[[1, 2], ['slots'], ['a', 'b'], [1, 1], ['h', 'h']], /Each item needs/]);
+    bad.push([[[1], ['slots'], ['a'], [1], ['h', 'h']], /Each item needs/]);
     bad.push([
-      items([1, 1], ['slots', 'slots'], ['a', 'a'], [1, 1], ['h', 'h']),
+      [
+        [1, 1],
+        ['slots', 'slots'],
+        ['a', 'a'],
+        [1, 1],
+        ['h', 'h'],
+      ],
       /names each throttle and key at most once/,
     ]);
     const before = await raw.query(STATE);
