@@ -675,20 +675,16 @@ describe('the SQL functions, as another language calls them', () => {
 
   it('set_key_limits refuses a limit out of range with a message naming it, writing nothing', async () => {
     await ordo.throttles.define({ name: 'sqllimits', limit: 5, per: '1s', concurrency: 2 });
-    const call = (every: unknown, limit: unknown, per: unknown, concurrency: unknown) =>
-      raw.query(`SELECT * FROM ordo.set_key_limits('sqllimits', 'k', $1, $2, $3, $4)`, [
-        every,
-        limit,
-        per,
-        concurrency,
-      ]);
+    // [every_ms, rate_limit, per_ms, concurrency]
+    const call = (limits: readonly unknown[]) =>
+      raw.query(`SELECT * FROM ordo.set_key_limits('sqllimits', 'k', $1, $2, $3, $4)`, [...limits]);
     for (const [args, message] of [
       [[0, null, null, null], /every and per are from 1 millisecond to 365 days/],
       [[null, 3, 31_536_000_001, null], /every and per are from 1 millisecond to 365 days/],
       [[null, 0, 1000, null], /limit and concurrency are from 1 to 1000000/],
       [[null, null, null, 1_000_001], /limit and concurrency are from 1 to 1000000/],
     ] as const) {
-      await expect(call(...args), JSON.stringify(args)).rejects.toMatchObject({
+      await expect(call(args), JSON.stringify(args)).rejects.toMatchObject({
         code: 'OX003',
         message: expect.stringMatching(message),
       });
@@ -696,8 +692,13 @@ describe('the SQL functions, as another language calls them', () => {
     const stored = () => raw.query(`SELECT key FROM ordo.throttle_state WHERE name = 'sqllimits'`);
     expect((await stored()).rows).toEqual([]);
     // The bounds themselves are limits a key may have.
-    const { rows } = await call(31_536_000_000, 1_000_000, 1, 1);
-    expect(rows[0]).toMatchObject({ every_ms: '31536000000', rate_limit: 1_000_000, per_ms: '1', concurrency: 1 });
+    const { rows } = await call([31_536_000_000, 1_000_000, 1, 1]);
+    expect(rows[0]).toMatchObject({
+      every_ms: '31536000000',
+      rate_limit: 1_000_000,
+      per_ms: '1',
+      concurrency: 1,
+    });
     expect((await stored()).rows).toEqual([{ key: 'k' }]);
   });
 });
