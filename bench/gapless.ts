@@ -30,6 +30,13 @@ const IN_TX = 'bench_in_tx';
 const CALLERS = 64;
 const KEY_COUNT = 64;
 const DAILY = 'bench_invoice';
+
+/** (b)'s counters, and its hand-written take: bench/take-cpu.ts and bench/instructions.ts run them too. */
+export const COUNTERS_DDL = `CREATE TABLE bench_counters (
+  scope text NOT NULL, day date NOT NULL, value bigint NOT NULL, PRIMARY KEY (scope, day));`;
+export const UPSERT = `INSERT INTO bench_counters AS c (scope, day, value) VALUES ($1, current_date, 1)
+  ON CONFLICT (scope, day) DO UPDATE SET value = c.value + 1
+  RETURNING value, day::text AS day`;
 const STANDALONE = { coalesced: 'bench_coalesced', naive: 'bench_naive' } as const;
 const PAYLOAD = JSON.stringify({
   customer: 'ACME Corporation',
@@ -71,12 +78,7 @@ const variants = (ordo: Ordo): [TxVariant, TxVariant, TxVariant] => [
     id: 'b',
     label: '(b) raw upsert + insert (limit)',
     take: async (client, scope) => {
-      const { rows } = await client.query(
-        `INSERT INTO bench_counters AS c (scope, day, value) VALUES ($1, current_date, 1)
-         ON CONFLICT (scope, day) DO UPDATE SET value = c.value + 1
-         RETURNING value, day::text AS day`,
-        [scope],
-      );
+      const { rows } = await client.query(UPSERT, [scope]);
       return { number: Number(rows[0].value), day: rows[0].day };
     },
     counters: 'SELECT scope, day::text AS day, value FROM bench_counters',
@@ -146,8 +148,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
       CREATE TABLE bench_invoices_a (LIKE bench_invoices INCLUDING ALL);
       CREATE TABLE bench_invoices_b (LIKE bench_invoices INCLUDING ALL);
       CREATE TABLE bench_invoices_c (LIKE bench_invoices INCLUDING ALL);
-      CREATE TABLE bench_counters (
-        scope text NOT NULL, day date NOT NULL, value bigint NOT NULL, PRIMARY KEY (scope, day));
+      ${COUNTERS_DDL}
       CREATE TABLE bench_orm_counters (
         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         scope text NOT NULL, day date NOT NULL, value bigint NOT NULL, UNIQUE (scope, day));

@@ -36,7 +36,8 @@ const PAIRS = 3;
 const CHAOS_WRITERS = 8;
 const GOAL = { appendRatio: 0.9, consume: 150_000, consumeBatch: 1000, p99Ms: 50 };
 const APP = 'ordo-bench';
-const PAYLOAD = {
+/** The (a) payload; bench/instructions.ts appends it too. */
+export const PAYLOAD = {
   orderId: 'ord_7f3a9c2e',
   customer: 'ACME Corporation',
   lines: 3,
@@ -44,7 +45,8 @@ const PAYLOAD = {
   currency: 'EUR',
 };
 
-const PLAIN_DDL = `
+/** The plain table (a) compares with, and bench/instructions.ts too. */
+export const PLAIN_DDL = `
   CREATE TABLE bench_plain_outbox (
     position    bigserial PRIMARY KEY,
     topic       text NOT NULL,

@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { createOrdo } from '../src/index.js';
 import { backendCpu, type CpuVariant, measureCpu, withScratchDatabase } from './cpu.js';
+import { COUNTERS_DDL, UPSERT } from './gapless.js';
 
 /**
  * CPU per number taken in a transaction, the server's and Node's apart: what gapless (a) and
@@ -22,19 +23,12 @@ await withScratchDatabase('ordo_take_cpu', url, async (target) => {
   const ordo = await createOrdo({ pool });
   await ordo.sequences.define({ name: NAME, reset: 'day' });
   const client = await pool.connect();
-  await client.query(`CREATE TABLE bench_counters (
-    scope text NOT NULL, day date NOT NULL, value bigint NOT NULL, PRIMARY KEY (scope, day))`);
+  await client.query(COUNTERS_DDL);
   const server = await backendCpu((text) => client.query(text));
 
   const takes: Record<string, (scope: string) => Promise<unknown>> = {
     /** gapless (b): the hand-written limit. */
-    upsert: (scope) =>
-      client.query(
-        `INSERT INTO bench_counters AS c (scope, day, value) VALUES ($1, current_date, 1)
-         ON CONFLICT (scope, day) DO UPDATE SET value = c.value + 1
-         RETURNING value, day::text AS day`,
-        [scope],
-      ),
+    upsert: (scope) => client.query(UPSERT, [scope]),
     /** The statement next({ tx }) sent before 0018. */
     'take() sql': (scope) =>
       client.query(

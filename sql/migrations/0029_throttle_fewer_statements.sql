@@ -15,7 +15,7 @@
 -- * throttle_fold counted the live units of the keys with a concurrency limit with a statement
 --   even when none had one; it now skips it.
 -- The answers, the locks and their order are unchanged. Counted by
--- bench/throttle-instructions.ts (callgrind, one backend, the embedded PostgreSQL 18): one
+-- bench/instructions.ts (callgrind, one backend, the embedded PostgreSQL 18): one
 -- acquire and its complete, 4.22 -> 3.62 million instructions; 16 of each, 11.81 -> 11.49 million.
 --
 -- Custom SQLSTATEs: none new.

@@ -3,7 +3,7 @@
 -- A table's CHECK constraints are read from the catalog as node text (stringToNode) and built
 -- into expressions each time a statement first writes a row of it: every statement of a
 -- decision that inserts or updates throttle_state or permits paid for all of that table's
--- checks, and a decision runs several such statements. callgrind (bench/throttle-instructions.ts)
+-- checks, and a decision runs several such statements. callgrind (bench/instructions.ts)
 -- put ExecConstraints at 9.4% of a decision's instructions, most of it reading the
 -- constraints' text. Merging each table's checks into one changed nothing (the cost follows
 -- the size of the expressions, not their number); domains kept most of the gain but changed

@@ -166,7 +166,7 @@ async function launch(dir: string): Promise<Started> {
 
 /**
  * The embedded server's `postgres` binary and the user it runs as, for a tool that runs it itself
- * on a data directory startEmbedded() made and stopped (bench/throttle-instructions.ts runs it
+ * on a data directory startEmbedded() made and stopped (bench/instructions.ts runs it
  * single-user under callgrind).
  */
 export async function embeddedPostgres(): Promise<{ postgres: string; runAs: RunAs }> {

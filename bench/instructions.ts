@@ -1,0 +1,183 @@
+import { spawn } from 'node:child_process';
+import { createReadStream } from 'node:fs';
+import { chmod, chown, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pg from 'pg';
+import { embeddedPostgres, startEmbedded } from '../src/db/embedded.js';
+import { createOrdo } from '../src/index.js';
+import { COUNTERS_DDL, UPSERT } from './gapless.js';
+import { PAYLOAD, PLAIN_DDL } from './outbox.js';
+
+/**
+ * Instructions per operation, counted by callgrind: a measure of a change to ordo's SQL that
+ * does not move with other work on the machine (a wall-clock A/B on 2 shared cores cannot see
+ * 10%; this count repeats to within 0.1%). An embedded PostgreSQL is made, migrated and warmed,
+ * then stopped and run single-user under valgrind twice per scenario, with 50 and with 150
+ * iterations of one statement (each its own transaction); the difference over 100 iterations
+ * is the cost of one. Needs valgrind (Debian: apt-get install valgrind).
+ *
+ *   npx tsx bench/instructions.ts [scenario …]   (default: throttle:16 throttle:1 append:1 append:10 take)
+ *
+ * throttle:N  N acquires on random keys of 1,000 through throttle_batch (the statement the
+ *             library's batcher sends), then the completions of the permits granted
+ * append:N    append_many of N messages, beside the INSERT of the outbox bench's plain table
+ * take        take_value() of one counter, beside the bench's hand-written upsert
+ */
+/** Each statement answers one row, count = the rows it made (or took). */
+type Scenario = { name: string; statements: Record<string, { text: string; count: number }> };
+
+const throttle = (n: number): Scenario => ({
+  name: `throttle:${n}`,
+  statements: {
+    [`${n} acquires + completes`]: {
+      text: `SELECT count(*) FROM ordo.throttle_batch((SELECT array_agg(b.permit_id) FROM ordo.throttle_batch('{}'::uuid[],
+         (SELECT array_agg(i) FROM generate_series(1, ${n}) AS i), array_fill('t'::text, ARRAY[${n}]),
+         (SELECT array_agg('k' || floor(random() * 1000)::int) FROM generate_series(1, ${n})),
+         array_fill(1, ARRAY[${n}]), array_fill(NULL::text, ARRAY[${n}])) AS b), '{}', '{}', '{}', '{}', '{}')`,
+      count: n,
+    },
+  },
+});
+
+const append = (n: number): Scenario => {
+  const column = (value: string, type: string) => `array_fill(${value}::${type}, ARRAY[${n}])`;
+  const data = column(`'${JSON.stringify(PAYLOAD)}'`, 'jsonb');
+  const keys = `(SELECT array_agg('order-' || floor(random() * 1000000)::int) FROM generate_series(1, ${n}))`;
+  const types = column(`'OrderPlaced'`, 'text');
+  return {
+    name: `append:${n}`,
+    statements: {
+      [`append_many of ${n}`]: {
+        text: `SELECT count(*) FROM ordo.append_many('t', ${types}, ${data}, ${keys}, ${column('NULL', 'text')}, ${column('NULL', 'jsonb')})`,
+        count: n,
+      },
+      [`plain INSERT of ${n}`]: {
+        text: `WITH i AS (INSERT INTO bench_plain_outbox (topic, type, key, data)
+           SELECT 't', t.type, t.key, t.data FROM unnest(${types}, ${keys}, ${data}) AS t (type, key, data)
+           RETURNING position) SELECT count(*) FROM i`,
+        count: n,
+      },
+    },
+  };
+};
+
+const take: Scenario = {
+  name: 'take',
+  statements: {
+    'take_value()': { text: `SELECT count(*) FROM ordo.take_value('daily', 'hot', NULL)`, count: 1 },
+    upsert: { text: `WITH i AS (${UPSERT.replace('$1', `'hot'`)}) SELECT count(*) FROM i`, count: 1 },
+  },
+};
+
+function scenario(spec: string): Scenario {
+  const [kind, size] = spec.split(':');
+  const n = Number(size ?? 1);
+  if (!Number.isInteger(n) || n < 1 || n > 1000)
+    throw new Error(`${spec}: a size is a whole number from 1 to 1000`);
+  if (kind === 'throttle') return throttle(n);
+  if (kind === 'append') return append(n);
+  if (kind === 'take' && size === undefined) return take;
+  throw new Error(`${spec}: a scenario is throttle:N, append:N or take`);
+}
+
+let scenarios: Scenario[];
+try {
+  const specs = process.argv.slice(2);
+  scenarios = (specs.length > 0 ? specs : ['throttle:16', 'throttle:1', 'append:1', 'append:10', 'take']).map(
+    scenario,
+  );
+} catch (e) {
+  console.error((e as Error).message);
+  process.exit(2);
+}
+
+const dir = await mkdtemp(join(tmpdir(), 'ordo-instructions-'));
+await chmod(dir, 0o755);
+const dataDir = join(dir, 'pg');
+try {
+  const server = await startEmbedded(dataDir);
+  const ordo = await createOrdo({ databaseUrl: server.url });
+  await ordo.throttles.define({ name: 't', limit: 1_000_000, per: '1s', lease: '1h' });
+  await ordo.sequences.define({ name: 'daily', reset: 'day' });
+  const client = new pg.Client({ connectionString: server.url });
+  await client.connect();
+  await client.query(PLAIN_DDL);
+  await client.query(COUNTERS_DDL);
+  await client.query('SELECT setseed(0.25)');
+  // Warm: every key of the throttle used, plans and tables as a running system has them.
+  for (let i = 0; i < 300; i++) {
+    for (const s of scenarios) for (const { text } of Object.values(s.statements)) await client.query(text);
+  }
+  await client.query('VACUUM ANALYZE');
+  await client.end();
+  await ordo.close();
+  await server.stop();
+
+  const { postgres, runAs } = await embeddedPostgres();
+  // callgrind writes its counts here, as the user the server runs as.
+  if (runAs.uid !== undefined) await chown(dir, runAs.uid, runAs.gid!);
+  let runs = 0;
+  const run = async (
+    { text, count }: { text: string; count: number },
+    iterations: number,
+  ): Promise<number> => {
+    const script = join(dir, `run-${++runs}.sql`);
+    // Single-user mode (-j): statements end with a semicolon and an empty line.
+    await writeFile(
+      script,
+      `SELECT setseed(0.5);\n\n${`${text.replaceAll('\n', ' ')};\n\n`.repeat(iterations)}`,
+    );
+    const out = join(dir, `callgrind-${runs}.out`);
+    const { stdout, stderr } = await new Promise<{ stdout: string; stderr: string }>((resolve, reject) => {
+      const child = spawn(
+        'valgrind',
+        [
+          '--tool=callgrind',
+          `--callgrind-out-file=${out}`,
+          postgres,
+          '--single',
+          '-j',
+          '-D',
+          dataDir,
+          'postgres',
+        ],
+        { ...runAs, stdio: ['pipe', 'pipe', 'pipe'] },
+      );
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (d) => (stdout += d));
+      child.stderr.on('data', (d) => (stderr += d));
+      child.on('error', (e) =>
+        reject(new Error(`valgrind could not be run (${e.message}): apt-get install valgrind`)),
+      );
+      child.on('exit', () => resolve({ stdout, stderr }));
+      createReadStream(script).pipe(child.stdin);
+    });
+    // Every statement answers its count; none may fail.
+    const answered = (stdout.match(new RegExp(`count = "${count}"`, 'g')) ?? []).length;
+    if (answered !== iterations || /ERROR/.test(stdout + stderr)) {
+      throw new Error(`${answered} of ${iterations} statements answered:\n${(stdout + stderr).slice(-2000)}`);
+    }
+    const collected = /Collected\s*:\s*([\d,]+)/.exec(stderr);
+    if (!collected) throw new Error(`callgrind printed no count:\n${stderr.slice(-2000)}`);
+    return Number(collected[1]!.replaceAll(',', ''));
+  };
+  console.log('instructions per statement (its own transaction), one backend, PostgreSQL single-user:');
+  for (const s of scenarios) {
+    const counts: number[] = [];
+    for (const [label, statement] of Object.entries(s.statements)) {
+      const per = ((await run(statement, 150)) - (await run(statement, 50))) / 100;
+      counts.push(per);
+      console.log(
+        `  ${s.name.padEnd(12)} ${label.padEnd(26)} ${Math.round(per).toLocaleString('en').padStart(12)}`,
+      );
+    }
+    if (counts.length === 2)
+      console.log(
+        `  ${''.padEnd(12)} ${'ratio'.padEnd(26)} ${(counts[0]! / counts[1]!).toFixed(3).padStart(12)}`,
+      );
+  }
+} finally {
+  await rm(dir, { recursive: true, force: true });
+}
