@@ -62,15 +62,22 @@ export async function ordoDatabase(
   options: { poolSize?: number; sqlPoolSize?: number } = {},
 ): Promise<OrdoDatabase> {
   const db = await freshDatabase();
-  const ordo = await createOrdo({ databaseUrl: db.url, poolSize: options.poolSize });
+  // A database whose file never got an ordo (a migration that fails) is dropped all the same.
+  const ordo = await createOrdo({ databaseUrl: db.url, poolSize: options.poolSize }).catch(async (e) => {
+    await db.drop();
+    throw e;
+  });
   return {
     db,
     ordo,
     sql: db.pool(options.sqlPoolSize ?? 4),
     S: `"${ordo.schema}"`,
     async close() {
-      await ordo.close();
-      await db.drop();
+      try {
+        await ordo.close();
+      } finally {
+        await db.drop();
+      }
     },
   };
 }
