@@ -678,12 +678,21 @@ describe('the SQL functions, as another language calls them', () => {
     // [every_ms, rate_limit, per_ms, concurrency]
     const call = (limits: readonly unknown[]) =>
       raw.query(`SELECT * FROM ordo.set_key_limits('sqllimits', 'k', $1, $2, $3, $4)`, [...limits]);
-    for (const [args, message] of [
-      [[0, null, null, null], /every and per are from 1 millisecond to 365 days/],
-      [[null, 3, 31_536_000_001, null], /every and per are from 1 millisecond to 365 days/],
-      [[null, 0, 1000, null], /limit and concurrency are from 1 to 1000000/],
-      [[null, null, null, 1_000_001], /limit and concurrency are from 1 to 1000000/],
+    // Each limit just past each of its bounds.
+    const bad: [unknown[], RegExp][] = [];
+    for (const [i, name, max] of [
+      [0, 'every', 31_536_000_000],
+      [1, 'limit', 1_000_000],
+      [2, 'per', 31_536_000_000],
+      [3, 'concurrency', 1_000_000],
     ] as const) {
+      for (const value of [0, max + 1]) {
+        const limits: unknown[] = [null, null, null, null];
+        limits[i] = value;
+        bad.push([limits, new RegExp(`^${name} is 1 .*\\(got ${value}( ms)?\\)$`)]);
+      }
+    }
+    for (const [args, message] of bad) {
       await expect(call(args), JSON.stringify(args)).rejects.toMatchObject({
         code: 'OX003',
         message: expect.stringMatching(message),

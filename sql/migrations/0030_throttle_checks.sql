@@ -16,7 +16,9 @@
 --   which write 'completed', 'failed' or 'expired' as constants (last_outcome is copied from
 --   permits.outcome);
 -- * throttle_state.own_*: set_key_limits, which left its ranges to the table's CHECKs and now
---   checks them itself (below).
+--   checks them itself (below); a decision writes back what it read.
+-- These tables are written through ordo's functions only: an UPDATE of them by hand is not
+-- checked any more (an own_rate_limit of 0 would fail every later decision on its key).
 -- permits' one rule between two columns (ended_at and outcome are set together) stays a CHECK:
 -- it guards the logic of several functions, not an argument.
 --
@@ -52,13 +54,21 @@ BEGIN
   IF throttle_key IS NULL OR length(throttle_key) > 200 THEN
     RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = 'A key is a text of at most 200 characters';
   END IF;
-  IF new_every_ms NOT BETWEEN 1 AND 31536000000 OR new_per_ms NOT BETWEEN 1 AND 31536000000 THEN
-    RAISE EXCEPTION USING ERRCODE = 'OX003',
-      MESSAGE = 'every and per are from 1 millisecond to 365 days (31536000000 ms), or null for the throttle''s';
+  IF new_every_ms NOT BETWEEN 1 AND 31536000000 THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format(
+      'every is 1 ms to 365 days (31536000000 ms), or null for the throttle''s (got %s ms)', new_every_ms);
   END IF;
-  IF new_rate_limit NOT BETWEEN 1 AND 1000000 OR new_concurrency NOT BETWEEN 1 AND 1000000 THEN
-    RAISE EXCEPTION USING ERRCODE = 'OX003',
-      MESSAGE = 'limit and concurrency are from 1 to 1000000, or null for the throttle''s';
+  IF new_per_ms NOT BETWEEN 1 AND 31536000000 THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format(
+      'per is 1 ms to 365 days (31536000000 ms), or null for the throttle''s (got %s ms)', new_per_ms);
+  END IF;
+  IF new_rate_limit NOT BETWEEN 1 AND 1000000 THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format(
+      'limit is 1 to 1000000, or null for the throttle''s (got %s)', new_rate_limit);
+  END IF;
+  IF new_concurrency NOT BETWEEN 1 AND 1000000 THEN
+    RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format(
+      'concurrency is 1 to 1000000, or null for the throttle''s (got %s)', new_concurrency);
   END IF;
   IF (coalesce(new_rate_limit, d.rate_limit) IS NULL) <> (coalesce(new_per_ms, d.per_ms) IS NULL) THEN
     RAISE EXCEPTION USING ERRCODE = 'OX003',

@@ -64,7 +64,7 @@ export async function ordoDatabase(
   const db = await freshDatabase();
   // A database whose file never got an ordo (a migration that fails) is dropped all the same.
   const ordo = await createOrdo({ databaseUrl: db.url, poolSize: options.poolSize }).catch(async (e) => {
-    await db.drop();
+    await db.drop().catch(() => undefined);
     throw e;
   });
   return {
