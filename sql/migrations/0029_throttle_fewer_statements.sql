@@ -14,7 +14,9 @@
 --   it had locked them all, the usual case; it now returns at once.
 -- * throttle_fold counted the live units of the keys with a concurrency limit with a statement
 --   even when none had one; it now skips it.
--- The answers, the locks and their order are unchanged. Counted by
+-- The answers, the locks and their order are unchanged for arrays indexed from 1, as every
+-- caller sends them (acquire_all's checks read costs[i]: an array with other bounds, granted
+-- before, is now refused with OX003). Counted by
 -- bench/instructions.ts (callgrind, one backend, the embedded PostgreSQL 18): one
 -- acquire and its complete, 4.22 -> 3.62 million instructions; 16 of each, 11.81 -> 11.49 million.
 --
