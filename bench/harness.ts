@@ -196,6 +196,15 @@ export function countQueries(target: { query: (...args: any[]) => any }): QueryC
   };
 }
 
+/**
+ * A statement with its parameters written in as SQL expressions (`values[0]` for $1, …), for a
+ * client that sends no parameters: single-user mode, pgbench. Benches that compare with what
+ * the library or another bench sends take that statement's own text this way.
+ */
+export function inline(text: string, values: string[]): string {
+  return text.replace(/\$(\d+)/g, (_, n: string) => values[Number(n) - 1] ?? `$${n}`);
+}
+
 /** A goal `ratio ≥ min`, as '1.23× ✓' (or ✗). */
 export function ratioCell(ratio: number, min: number): string {
   return `${ratio.toFixed(2)}× ${ratio >= min ? '✓' : '✗'}`;

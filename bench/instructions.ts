@@ -6,8 +6,11 @@ import { join } from 'node:path';
 import pg from 'pg';
 import { embeddedPostgres, startEmbedded } from '../src/db/embedded.js';
 import { createOrdo } from '../src/index.js';
+import { outboxPlans } from '../src/outbox/plans.js';
+import { sequencePlans } from '../src/sequences/plans.js';
 import { COUNTERS_DDL, UPSERT } from './gapless.js';
-import { PAYLOAD, PLAIN_DDL } from './outbox.js';
+import { inline } from './harness.js';
+import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
 
 /**
  * Instructions per operation, counted by callgrind: a measure of a change to ordo's SQL that
@@ -34,18 +37,28 @@ type Scenario = { name: string; statements: Record<string, Statement> };
 /** A statement that answers count(*) of the rows it made. */
 const counted = (text: string, n: number): Statement => ({ text, answer: new RegExp(`count = "${n}"`, 'g') });
 
+/** `n` acquires of throttle t on the keys `keys` (an SQL text[]), then the completions of their permits. */
+const throttleBatch = (n: number, keys: string) =>
+  `SELECT count(*) FROM ordo.throttle_batch((SELECT array_agg(b.permit_id) FROM ordo.throttle_batch('{}'::uuid[],
+     (SELECT array_agg(i) FROM generate_series(1, ${n}) AS i), array_fill('t'::text, ARRAY[${n}]), ${keys},
+     array_fill(1, ARRAY[${n}]), array_fill(NULL::text, ARRAY[${n}])) AS b), '{}', '{}', '{}', '{}', '{}')`;
+
 const throttle = (n: number): Scenario => ({
   name: `throttle:${n}`,
   statements: {
     [`${n} acquires + completes`]: counted(
-      `SELECT count(*) FROM ordo.throttle_batch((SELECT array_agg(b.permit_id) FROM ordo.throttle_batch('{}'::uuid[],
-         (SELECT array_agg(i) FROM generate_series(1, ${n}) AS i), array_fill('t'::text, ARRAY[${n}]),
-         (SELECT array_agg('k' || floor(random() * 1000)::int) FROM generate_series(1, ${n})),
-         array_fill(1, ARRAY[${n}]), array_fill(NULL::text, ARRAY[${n}])) AS b), '{}', '{}', '{}', '{}', '{}')`,
+      throttleBatch(
+        n,
+        `(SELECT array_agg('k' || floor(random() * 1000)::int) FROM generate_series(1, ${n}))`,
+      ),
       n,
     ),
   },
 });
+
+// The statements as outbox.append() and sequences.next({ tx }) send them, and as the benches
+// they are compared with do.
+const plans = { outbox: outboxPlans('ordo'), sequences: sequencePlans('ordo') };
 
 const append = (n: number): Scenario => {
   const column = (value: string, type: string) => `array_fill(${value}::${type}, ARRAY[${n}])`;
@@ -55,16 +68,20 @@ const append = (n: number): Scenario => {
   return {
     name: `append:${n}`,
     statements: {
-      // As outbox.append() and the outbox bench's plain INSERT send them.
       [`append_many of ${n}`]: {
-        text: `SELECT message_id, position, transaction_id::text FROM ordo.append_many('t', ${types}, ${data}, ${keys}, ${column('NULL', 'text')}, ${column('NULL', 'jsonb')})`,
+        text: inline(plans.outbox.append, [
+          `'t'`,
+          types,
+          data,
+          keys,
+          column('NULL', 'text'),
+          column('NULL', 'jsonb'),
+        ]),
         answer: /position = "\d+"/g,
         rows: n,
       },
       [`plain INSERT of ${n}`]: {
-        text: `INSERT INTO bench_plain_outbox (topic, type, key, data)
-           SELECT 't', t.type, t.key, t.data FROM unnest(${types}, ${keys}, ${data}) AS t (type, key, data)
-           RETURNING position`,
+        text: inline(PLAIN_APPEND, [`'t'`, types, keys, data]),
         answer: /position = "\d+"/g,
         rows: n,
       },
@@ -75,12 +92,11 @@ const append = (n: number): Scenario => {
 const take: Scenario = {
   name: 'take',
   statements: {
-    // The statements as the library and the gapless bench send them, each answering a number.
     'take_value()': {
-      text: `SELECT ordo.take_value('daily', 'hot', NULL) AS issued`,
+      text: inline(plans.sequences.takeValue, [`'daily'`, `'hot'`, 'NULL']),
       answer: /issued = "\{\d+,/g,
     },
-    upsert: { text: UPSERT.replace('$1', `'hot'`), answer: /value = "\d+"/g },
+    upsert: { text: inline(UPSERT, [`'hot'`]), answer: /value = "\d+"/g },
   },
 };
 
@@ -121,12 +137,7 @@ try {
   await client.query('SELECT setseed(0.25)');
   // Every key of the throttle used once, so that no count depends on which keys its draws met
   // first; then plans and tables as a running system has them.
-  await client.query(
-    `SELECT count(*) FROM ordo.throttle_batch((SELECT array_agg(b.permit_id) FROM ordo.throttle_batch('{}'::uuid[],
-       (SELECT array_agg(i) FROM generate_series(1, 1000) AS i), array_fill('t'::text, ARRAY[1000]),
-       (SELECT array_agg('k' || i) FROM generate_series(0, 999) AS i),
-       array_fill(1, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000])) AS b), '{}', '{}', '{}', '{}', '{}')`,
-  );
+  await client.query(throttleBatch(1000, `(SELECT array_agg('k' || i) FROM generate_series(0, 999) AS i)`));
   for (let i = 0; i < 300; i++) {
     for (const s of scenarios) for (const { text } of Object.values(s.statements)) await client.query(text);
   }

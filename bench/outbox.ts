@@ -45,7 +45,7 @@ export const PAYLOAD = {
   currency: 'EUR',
 };
 
-/** The plain table (a) compares with, and bench/instructions.ts too. */
+/** The plain table (a) compares with, and bench/instructions.ts and bench/pgbench.ts too. */
 export const PLAIN_DDL = `
   CREATE TABLE bench_plain_outbox (
     position    bigserial PRIMARY KEY,
@@ -59,6 +59,10 @@ export const PLAIN_DDL = `
   CREATE INDEX bench_plain_outbox_order ON bench_plain_outbox (topic, position);
   CREATE UNIQUE INDEX bench_plain_outbox_message_id ON bench_plain_outbox (topic, message_id)
     WHERE message_id IS NOT NULL;`;
+/** (a)'s plain append: $1 the topic, $2 the types, $3 the keys, $4 the data (as JSON texts). */
+export const PLAIN_APPEND = `INSERT INTO bench_plain_outbox (topic, type, key, data)
+  SELECT $1, t.type, t.key, t.data FROM unnest($2::text[], $3::text[], $4::jsonb[]) AS t (type, key, data)
+  RETURNING position`;
 
 interface Ref {
   transactionId: string;
@@ -250,17 +254,12 @@ async function appendThroughput(ctx: BenchContext, admin: pg.Pool, ordo: Ordo): 
             op: (w) =>
               inTransaction(clients[w]!, () => {
                 const batch = messages(n);
-                return clients[w]!.query(
-                  `INSERT INTO bench_plain_outbox (topic, type, key, data)
-                   SELECT $1, t.type, t.key, t.data FROM unnest($2::text[], $3::text[], $4::jsonb[]) AS t (type, key, data)
-                   RETURNING position`,
-                  [
-                    topic,
-                    batch.map((m) => m.type),
-                    batch.map((m) => m.key),
-                    batch.map((m) => JSON.stringify(m.data)),
-                  ],
-                );
+                return clients[w]!.query(PLAIN_APPEND, [
+                  topic,
+                  batch.map((m) => m.type),
+                  batch.map((m) => m.key),
+                  batch.map((m) => JSON.stringify(m.data)),
+                ]);
               }),
           },
         },

@@ -5,9 +5,12 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { createOrdo } from '../src/index.js';
+import { outboxPlans } from '../src/outbox/plans.js';
+import { sequencePlans } from '../src/sequences/plans.js';
 import { withScratchDatabase } from './cpu.js';
 import { COUNTERS_DDL, UPSERT } from './gapless.js';
-import { PAYLOAD, PLAIN_DDL } from './outbox.js';
+import { inline } from './harness.js';
+import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
 
 /**
  * ordo's SQL against the hand-written statements the benches compare it with, driven by
@@ -34,11 +37,17 @@ if (suites.some((s) => s !== 'append' && s !== 'take') || rounds < 1) {
 const run = promisify(execFile);
 
 const payload = `'${JSON.stringify(PAYLOAD)}'::jsonb`;
-const plainInsert = (table: string) => `\\set k random(1, 1000000)
+// One message, as outbox.append() sends it and as the outbox bench's plain INSERT does.
+const [topic, types, keys, data] = [
+  `'t'`,
+  `ARRAY['OrderPlaced']`,
+  `ARRAY['order-' || :k]`,
+  `ARRAY[${payload}]`,
+];
+const plans = { outbox: outboxPlans('ordo'), sequences: sequencePlans('ordo') };
+const plainAppend = (table: string) => `\\set k random(1, 1000000)
 BEGIN;
-INSERT INTO ${table} (topic, type, key, data)
-  SELECT 't', t.type, t.key, t.data FROM unnest(ARRAY['OrderPlaced'], ARRAY['order-' || :k], ARRAY[${payload}]) AS t (type, key, data)
-  RETURNING position;
+${inline(PLAIN_APPEND.replace('bench_plain_outbox', table), [topic, types, keys, data])};
 COMMIT;
 `;
 /** Each suite's scripts; `baseline` is the one the others are compared with. */
@@ -47,25 +56,25 @@ const scripts: Record<string, { variants: Record<string, string>; baseline: stri
     variants: {
       append_many: `\\set k random(1, 1000000)
 BEGIN;
-SELECT message_id, position, transaction_id::text FROM ordo.append_many('t', ARRAY['OrderPlaced'], ARRAY[${payload}],
-  ARRAY['order-' || :k], ARRAY[NULL::text], ARRAY[NULL::jsonb]);
+${inline(plans.outbox.append, [topic, types, data, keys, 'ARRAY[NULL::text]', 'ARRAY[NULL::jsonb]'])};
 COMMIT;
 `,
-      'plain INSERT': plainInsert('bench_plain_outbox'),
-      'INSERT, ordo.messages layout': plainInsert('bench_shaped_outbox'),
+      'plain INSERT': plainAppend('bench_plain_outbox'),
+      'INSERT, ordo.messages layout': plainAppend('bench_shaped_outbox'),
     },
     baseline: 'plain INSERT',
     empty: 'TRUNCATE ordo.messages, bench_plain_outbox, bench_shaped_outbox',
   },
   take: {
+    // As sequences.next({ tx }) and the gapless bench's upsert send them; the invoice stores the number.
     variants: {
       take_value: `BEGIN;
-SELECT (ordo.take_value('daily', 'hot', NULL))[1] AS number \\gset
+SELECT (t.issued)[1] AS number FROM (${inline(plans.sequences.takeValue, [`'daily'`, `'hot'`, 'NULL'])}) AS t \\gset
 INSERT INTO bench_invoices (number) VALUES (:number);
 COMMIT;
 `,
       upsert: `BEGIN;
-${UPSERT.replace('$1', `'hot'`)} \\gset
+${inline(UPSERT, [`'hot'`])} \\gset
 INSERT INTO bench_invoices (number) VALUES (:value);
 COMMIT;
 `,

@@ -114,7 +114,7 @@ async function launch(dir: string): Promise<Started> {
     new OrdoError('embedded_failed', `The embedded PostgreSQL in ${dir} ${what}.${output.tail()}`, { cause });
 
   const binaries = await loadBinaries();
-  const runAs = userInfo().uid === 0 ? postgresUser(fail) : {};
+  const runAs = runAsFor(fail);
   if (runAs.uid !== undefined) checkReachable(dir, binaries, runAs, fail);
 
   let created = false;
@@ -172,7 +172,12 @@ async function launch(dir: string): Promise<Started> {
 export async function embeddedPostgres(): Promise<{ postgres: string; runAs: RunAs }> {
   const fail = (what: string, cause?: unknown): OrdoError =>
     new OrdoError('embedded_failed', `The embedded PostgreSQL ${what}.`, { cause });
-  return { postgres: (await loadBinaries()).postgres, runAs: userInfo().uid === 0 ? postgresUser(fail) : {} };
+  return { postgres: (await loadBinaries()).postgres, runAs: runAsFor(fail) };
+}
+
+/** Ourselves, or as root (which PostgreSQL refuses) the `postgres` user, made when missing. */
+function runAsFor(fail: (what: string, cause?: unknown) => OrdoError): RunAs {
+  return userInfo().uid === 0 ? postgresUser(fail) : {};
 }
 
 /**
