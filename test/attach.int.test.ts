@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadMigrations } from '../src/db/migrations.js';
+import { migrate } from '../src/db/migrations.js';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { freshDatabase, type OrdoDatabase, ordoDatabase, type TestDatabase } from './support/database.js';
 
@@ -1029,12 +1029,7 @@ describe('attachments made before 0013', () => {
     let upgraded: Ordo | undefined;
     try {
       // The schema as ordo left it before 0013, with an attachment made by its functions.
-      await pool.query(`CREATE SCHEMA ordo;
-        CREATE TABLE ordo.migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`);
-      for (const m of loadMigrations().filter((x) => x.version < 13)) {
-        await pool.query(m.sql.replaceAll('{{schema}}', '"ordo"').replaceAll('{{schema_name}}', 'ordo'));
-        await pool.query('INSERT INTO ordo.migrations (version, name) VALUES ($1, $2)', [m.version, m.name]);
-      }
+      await migrate(pool, 'ordo', true, 12);
       await pool.query(`
         SELECT * FROM ordo.define_sequence('old_parts', 'gapless', 1, 1, 1, 9007199254740991, false, 1, NULL,
                                            'never', 'UTC', NULL, 'create', 1);

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadMigrations } from '../src/db/migrations.js';
-import { createOrdo, type Ordo } from '../src/index.js';
+import { loadMigrations, migrate } from '../src/db/migrations.js';
+import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 
 let db: TestDatabase;
@@ -59,6 +59,39 @@ describe('migrations', () => {
       expect(Array.isArray(await ordo.sequences.list())).toBe(true);
     } finally {
       await ordo.close();
+    }
+  });
+
+  it('0031 refuses a definition whose year starts in another month without a yearly reset, and applies once it is fixed', async () => {
+    const old = await freshDatabase();
+    try {
+      const pool = old.pool(2);
+      await migrate(pool, 'ordo', true, 30);
+      await pool.query(`SELECT * FROM ordo.define_sequence('fiscal', 'gapless', 1, 1, 1, 9007199254740991, false, 1,
+                          NULL, 'year', 'UTC', NULL, 'create', 4)`);
+      // Nothing ordo writes: a hand-made change of the reset alone.
+      await pool.query(`UPDATE ordo.sequences SET reset = 'month' WHERE name = 'fiscal'`);
+      const refused = await createOrdo({ databaseUrl: old.url, poolSize: 1 }).then(
+        async (o) => (await o.close(), undefined),
+        (e: unknown) => e,
+      );
+      expect(refused).toBeInstanceOf(OrdoError);
+      expect((refused as OrdoError).message).toContain('fiscal (reset month, year_start 4)');
+      const version = await pool.query('SELECT max(version) AS v FROM ordo.migrations');
+      expect(version.rows[0].v).toBe(30);
+
+      await pool.query(`UPDATE ordo.sequences SET year_start = 1 WHERE name = 'fiscal'`);
+      const ordo = await createOrdo({ databaseUrl: old.url, poolSize: 1 });
+      try {
+        expect(await ordo.sequences.next('fiscal', { at: '2026-05-20T00:00:00Z' })).toMatchObject({
+          value: 1,
+          period: '2026-05-01',
+        });
+      } finally {
+        await ordo.close();
+      }
+    } finally {
+      await old.drop();
     }
   });
 });

@@ -9,7 +9,7 @@ import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
-import { loadMigrations, quoteIdent } from '../src/db/migrations.js';
+import { migrate, quoteIdent } from '../src/db/migrations.js';
 import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
 
 const run = promisify(execFile);
@@ -276,18 +276,12 @@ describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
   it('a subscription with a cursor of 0003 goes on after the migration: none lost, none twice, an open appender included', async () => {
     const schema = 'upgraded';
     const s = quoteIdent(schema);
-    // The schema as ordo 0.x left it: migrations 1 to 7, by hand.
+    // The schema as ordo 0.x left it: migrations 1 to 7.
     const c = new pg.Client({ connectionString: old.url });
     await c.connect();
     try {
-      await c.query(`CREATE SCHEMA ${s}`);
-      await c.query(
-        `CREATE TABLE ${s}.migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
-      );
-      for (const m of loadMigrations().filter((m) => m.version <= 7)) {
-        await c.query(m.sql.replaceAll('{{schema}}', s).replaceAll('{{schema_name}}', schema));
-        await c.query(`INSERT INTO ${s}.migrations (version, name) VALUES ($1, $2)`, [m.version, m.name]);
-      }
+      const pool = new pg.Pool({ connectionString: old.url, max: 1 });
+      await migrate(pool, schema, true, 7).finally(() => pool.end());
       const append = (label: string, on: pg.Client = c) =>
         on.query(`SELECT ${s}.append('t', 'm', jsonb_build_object('label', $1::text))`, [label]);
       await c.query(`SELECT ${s}.create_subscription('sub', 't', 'beginning')`);

@@ -1,3 +1,4 @@
+import fc from 'fast-check';
 import type pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
@@ -131,6 +132,60 @@ describe('periods follow the local calendar of the time zone', () => {
     // Daylight saving time: March 1st midnight is still PST (UTC-8), April 1st is PDT (UTC-7).
     expect(await take('p_month_la', '2026-04-01T06:59:59Z')).toEqual({ value: 1, period: '2026-03-01' });
     expect(await take('p_month_la', '2026-04-01T07:00:00Z')).toEqual({ value: 1, period: '2026-04-01' });
+  });
+});
+
+describe('the period of a local time', () => {
+  /** The first day of the period holding `local` (a wall-clock time, read as UTC fields). */
+  function periodOf(reset: string, yearStart: number, local: Date): string {
+    const day = (y: number, m: number, d: number) => new Date(Date.UTC(y, m, d)).toISOString().slice(0, 10);
+    const [y, m, d] = [local.getUTCFullYear(), local.getUTCMonth(), local.getUTCDate()];
+    switch (reset) {
+      case 'never':
+        return '-infinity';
+      case 'day':
+        return day(y, m, d);
+      case 'week':
+        // ISO weeks start on Monday (getUTCDay: 0 is Sunday).
+        return day(y, m, d - ((local.getUTCDay() + 6) % 7));
+      case 'month':
+        return day(y, m, 1);
+      default:
+        return day(m + 1 >= yearStart ? y : y - 1, yearStart - 1, 1);
+    }
+  }
+
+  it('period_start() is the first day of the local day, week, month or (fiscal) year, for any time', async () => {
+    const definition = fc.oneof(
+      fc.constantFrom('never', 'day', 'week', 'month').map((reset) => ({ reset, yearStart: 1 })),
+      fc.integer({ min: 1, max: 12 }).map((yearStart) => ({ reset: 'year', yearStart })),
+    );
+    const local = fc.date({
+      min: new Date('1901-01-01T00:00:00Z'),
+      max: new Date('2199-12-31T23:59:59.999Z'),
+      noInvalidDate: true,
+    });
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(fc.tuple(definition, local), { minLength: 1, maxLength: 200 }),
+        async (cases) => {
+          const { rows } = await sql.query(
+            `SELECT ${S}.period_start(c.reset, c.year_start, c.local)::text AS period
+             FROM unnest($1::text[], $2::integer[], $3::timestamp[]) WITH ORDINALITY AS c (reset, year_start, local, i)
+            ORDER BY c.i`,
+            [
+              cases.map(([def]) => def.reset),
+              cases.map(([def]) => def.yearStart),
+              cases.map(([, at]) => at.toISOString().replace('T', ' ').replace('Z', '')),
+            ],
+          );
+          expect(rows.map((r) => r.period)).toEqual(
+            cases.map(([def, at]) => periodOf(def.reset, def.yearStart, at)),
+          );
+        },
+      ),
+      { numRuns: 50 },
+    );
   });
 });
 

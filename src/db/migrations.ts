@@ -43,19 +43,26 @@ export interface MigrateResult {
 /**
  * Brings `schema` up to the newest migration. Safe when many processes start at once: the
  * work happens in one transaction under a transaction-scoped advisory lock, so exactly one
- * process applies each migration and the others find it done.
+ * process applies each migration and the others find it done. `upTo` stops after that
+ * migration: the schema an older ordo left, which the upgrade tests start from.
  */
-export async function migrate(pool: pg.Pool, schema: string, apply = true): Promise<MigrateResult> {
+export async function migrate(
+  pool: pg.Pool,
+  schema: string,
+  apply = true,
+  upTo?: number,
+): Promise<MigrateResult> {
   const migrations = loadMigrations();
-  const latest = migrations.at(-1)?.version ?? 0;
+  const newest = migrations.at(-1)?.version ?? 0;
+  const latest = Math.min(upTo ?? newest, newest);
   const client = await pool.connect().catch((e: unknown) => {
     throw toOrdoError(e);
   });
   try {
     await checkServer(client);
     const current = await currentVersion(client, schema);
-    if (current === latest) return { applied: [], version: current };
-    refuseNewer(current, latest, schema);
+    refuseNewer(current, newest, schema);
+    if (current >= latest) return { applied: [], version: current };
     if (!apply) {
       throw new OrdoError(
         'schema_outdated',
@@ -72,10 +79,10 @@ export async function migrate(pool: pg.Pool, schema: string, apply = true): Prom
         `CREATE TABLE IF NOT EXISTS ${s}.migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`,
       );
       const locked = await currentVersion(client, schema);
-      refuseNewer(locked, latest, schema);
+      refuseNewer(locked, newest, schema);
       const applied: number[] = [];
       for (const m of migrations) {
-        if (m.version <= locked) continue;
+        if (m.version <= locked || m.version > latest) continue;
         // {{schema}}: the quoted identifier; {{schema_name}}: the bare name, for texts such as
         // NOTIFY channels (a validated identifier, so it cannot break out of a literal).
         await client.query(m.sql.replaceAll('{{schema}}', s).replaceAll('{{schema_name}}', schema));
@@ -86,7 +93,7 @@ export async function migrate(pool: pg.Pool, schema: string, apply = true): Prom
         applied.push(m.version);
       }
       await client.query('COMMIT');
-      return { applied, version: latest };
+      return { applied, version: Math.max(locked, latest) };
     } catch (e) {
       await client.query('ROLLBACK').catch(() => undefined);
       throw e;
