@@ -289,6 +289,13 @@ describe.each(drivers.map((d, i) => ({ d, i, name: d.name })))('$name as tx', ({
     expect(today.period).toMatch(/^\d{4}-\d{2}-\d{2}$/);
   });
 
+  it('a number of a sequence that never resets has no period (null, not the text NULL)', async () => {
+    const name = `forever${i}`;
+    await ordo.sequences.define({ name, format: '{scope}-{n}' });
+    const issued = await d.transaction((tx) => ordo.sequences.next(name, { tx, scope: 'NULL' }));
+    expect(issued).toEqual({ value: 1, text: 'NULL-1', period: null, scope: 'NULL' });
+  });
+
   it('an outbox append rolled back is gone; a committed one holds exactly the messages given', async () => {
     const topic = `orders${i}`;
     await rolledBack(d, (tx) => ordo.outbox.append(topic, MESSAGES, { tx }));

@@ -2,6 +2,7 @@
 // lag naming the transaction that blocks, dead letters, the handler's transaction, prune,
 // leases, from 'now', LISTEN/NOTIFY wake-up. Real PostgreSQL of this file's own, no mocks.
 import { setTimeout as sleep } from 'node:timers/promises';
+import fc from 'fast-check';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
@@ -12,6 +13,7 @@ import {
   type OutboxMessage,
   type Subscription,
 } from '../src/index.js';
+import { arrayElements } from '../src/db/arrays.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 
 let server: OwnPostgres;
@@ -158,6 +160,64 @@ describe('append and messageId', () => {
       expect(sql.rows[0].again).toBeNull();
       expect(Number(sql.rows[0].fresh)).toBeGreaterThan(Math.max(...positions));
       expect(await count(s, `topic = 'orders'`)).toBe(6);
+    } finally {
+      await close(o);
+    }
+  });
+
+  it('append_positions() answers each message given with its position, or null when its id was stored before (fast-check)', async () => {
+    const { o, s } = await fresh();
+    let run = 0;
+    try {
+      const message = fc.option(fc.constantFrom('a', 'b', 'c', 'd'), { nil: null });
+      const calls = fc.array(fc.array(message, { minLength: 1, maxLength: 8 }), {
+        minLength: 1,
+        maxLength: 5,
+      });
+      await fc.assert(
+        fc.asyncProperty(calls, async (batches) => {
+          const topic = `positions.${++run}`;
+          const stored = new Set<string>();
+          let last = 0;
+          for (const ids of batches) {
+            const n = ids.length;
+            const { rows } = await admin.query(
+              `SELECT ${s}.append_positions($1, array_fill('t'::text, ARRAY[$2::int]), array_fill('1'::jsonb, ARRAY[$2::int]),
+                 array_fill(NULL::text, ARRAY[$2::int]), $3::text[], array_fill(NULL::jsonb, ARRAY[$2::int]))::text AS p`,
+              [topic, n, ids],
+            );
+            const positions = arrayElements(rows[0].p).map((p) => (p === null ? null : Number(p)));
+            // The model: a message without an id is stored; one with an id, when that id is not yet.
+            const expected = ids.map((id) => {
+              if (id === null) return true;
+              if (stored.has(id)) return false;
+              stored.add(id);
+              return true;
+            });
+            expect(positions.map((p) => p !== null)).toEqual(expected);
+            const kept = positions.filter((p): p is number => p !== null);
+            expect(kept).toEqual([...kept].sort((a, b) => a - b));
+            expect(kept[0] ?? last + 1).toBeGreaterThan(last);
+            last = kept.at(-1) ?? last;
+            const { rows: written } = await admin.query(
+              `SELECT position, message_id FROM ${s}.messages WHERE topic = $1 AND position = ANY($2::bigint[]) ORDER BY position`,
+              [topic, kept],
+            );
+            expect(written).toEqual(
+              positions.flatMap((p, i) => (p === null ? [] : [{ position: String(p), message_id: ids[i] }])),
+            );
+          }
+          // append_many() answers with the same, read off append_positions().
+          const { rows } = await admin.query(
+            `SELECT message_id, position FROM ${s}.append_many($1, ARRAY['t', 't', 't'], ARRAY['1', '1', '1']::jsonb[],
+               ARRAY[NULL, NULL, NULL]::text[], ARRAY['e', NULL, 'e'], ARRAY[NULL, NULL, NULL]::jsonb[])`,
+            [topic],
+          );
+          expect(rows.map((r) => r.message_id)).toEqual(['e', null]);
+          expect(Number(rows[0].position)).toBeLessThan(Number(rows[1].position));
+        }),
+        { numRuns: 40 },
+      );
     } finally {
       await close(o);
     }

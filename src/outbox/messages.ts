@@ -1,4 +1,5 @@
 import pg from 'pg';
+import { nullable } from '../db/arrays.js';
 import { describe, invalid, knownKeys, MAX_TEXT, NOT_UNICODE, plainObject, text } from '../validate.js';
 
 /** What an application appends. */
@@ -102,25 +103,19 @@ function json(what: string, value: unknown): string {
 }
 
 /**
- * Matches the stored rows to the messages given. append_many returns only what it stored,
- * each with its message_id: a message without one is always stored, and of several with the
- * same message_id only the first is (positions follow the order given).
+ * What became of each message given: append_positions() answers with each one's position, in
+ * the order given, null for a message whose id was stored before (in the same call or earlier).
  */
-export function matchAppended(columns: Columns, rows: Record<string, any>[]): Appended[] {
-  const byId = new Map<string, Record<string, any>>();
-  const anonymous: Record<string, any>[] = [];
-  // Positions follow the order given; RETURNING's order is not promised.
-  for (const row of [...rows].sort((a, b) => Number(a.position) - Number(b.position))) {
-    if (row.message_id === null) anonymous.push(row);
-    else byId.set(row.message_id, row);
-  }
-  let next = 0;
-  return columns.messageIds.map((messageId) => {
-    const row = messageId === null ? anonymous[next++] : byId.get(messageId);
-    if (messageId !== null) byId.delete(messageId);
-    return row
-      ? { messageId, position: Number(row.position), transactionId: row.transaction_id, duplicate: false }
-      : { messageId, position: null, transactionId: null, duplicate: true };
+export function appendedOf(
+  columns: Columns,
+  positions: (string | null)[],
+  transactionId: string,
+): Appended[] {
+  return columns.messageIds.map((messageId, i) => {
+    const position = nullable(positions[i] ?? null);
+    return position === null
+      ? { messageId, position: null, transactionId: null, duplicate: true }
+      : { messageId, position: Number(position), transactionId, duplicate: false };
   });
 }
 

@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
+import { arrayElements } from '../db/arrays.js';
 import type { InFlight } from '../db/in-flight.js';
 import type { Notifications } from '../db/notifications.js';
 import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
@@ -19,7 +20,7 @@ import { type Handler, retryDelay, type SubscriptionEnd } from './consumer.js';
 import { toLag, type SubscriptionLag } from './lag.js';
 import {
   type Appended,
-  matchAppended,
+  appendedOf,
   type MessageInput,
   type OutboxMessage,
   outboxName,
@@ -187,8 +188,10 @@ export class Outbox {
       [topic, columns.types, columns.data, columns.keys, columns.messageIds, columns.headers],
       tx,
     );
-    this.appended.set(topic, (this.appended.get(topic) ?? 0) + rows.length);
-    return matchAppended(columns, rows);
+    const appended = appendedOf(columns, arrayElements(rows[0].positions), rows[0].transaction_id);
+    const stored = appended.filter((a) => !a.duplicate).length;
+    this.appended.set(topic, (this.appended.get(topic) ?? 0) + stored);
+    return appended;
   }
 
   /**

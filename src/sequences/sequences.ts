@@ -1,4 +1,5 @@
-import pg from 'pg';
+import type pg from 'pg';
+import { arrayElements, nullable } from '../db/arrays.js';
 import type { InFlight } from '../db/in-flight.js';
 import { asQueryable, type Queryable, type Tx } from '../db/queryable.js';
 import { OrdoError, sequenceNotFound } from '../errors.js';
@@ -417,14 +418,8 @@ export class Sequences {
   /** The hot path of next({ tx }): one value, one statement. */
   private async takeValue(db: Queryable, c: Checked): Promise<Issued> {
     const { rows } = await this.run(db, this.plans.takeValue, [c.name, c.scope, c.at]);
-    const issued: unknown = rows[0].issued;
-    // A driver that does not parse arrays (a raw SQL client) gives the array's text.
-    const [value, text, period] = (typeof issued === 'string' ? parseTextArray(issued) : issued) as [
-      string,
-      string,
-      string | null,
-    ];
-    return { value: Number(value), text, period, scope: c.scope };
+    const [value, text, period] = arrayElements(rows[0].issued) as [string, string, string | null];
+    return { value: Number(value), text, period: nullable(period), scope: c.scope };
   }
 
   private async takeOnce(db: Queryable, c: Checked, count: number): Promise<Issued[]> {
@@ -471,11 +466,6 @@ function checkNext(name: string, options: NextOptions): Checked {
     idempotencyKey: o.idempotencyKey === undefined ? undefined : checkKey(o.idempotencyKey),
   };
 }
-
-/** text[]'s type id, which pg's TypeId does not list. */
-const TEXT_ARRAY = 1009 as Parameters<typeof pg.types.getTypeParser>[0];
-/** pg's parser of text[] (as text), whatever parsers a client has of its own. */
-const parseTextArray = pg.types.getTypeParser(TEXT_ARRAY, 'text') as (text: string) => (string | null)[];
 
 function checkKey(key: unknown): string {
   return text('idempotencyKey', key, 1, MAX_IDEMPOTENCY_KEY_LENGTH);
