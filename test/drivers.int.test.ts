@@ -309,8 +309,8 @@ describe.each(drivers.map((d, i) => ({ d, i, name: d.name })))('$name as tx', ({
     const kept = appended.filter((a) => !a.duplicate);
     expect(new Set(kept.map((a) => a.transactionId)).size).toBe(1);
     expect(kept[0]!.transactionId).toMatch(/^\d+$/);
-    const positions = kept.map((a) => a.position!);
-    expect(positions).toEqual([...positions].sort((a, b) => a - b));
+    const order = kept.map((a) => a.position!);
+    expect(order).toEqual([...order].sort((a, b) => a - b));
     const positions = appended.slice(0, -1).map((a) => a.position!);
     expect(positions.every((p) => typeof p === 'number')).toBe(true);
     expect(positions).toEqual([...positions].sort((a, b) => a - b));
