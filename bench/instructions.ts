@@ -25,7 +25,7 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  * throttle:N  N acquires on random keys of 1,000 through throttle_batch (the statement the
  *             library's batcher sends), then the completions of the permits granted; a rate
  *             limit only (no concurrency, so no count of live permits)
- * append:N    append_positions of N messages (what outbox.append() sends), beside the INSERT of
+ * append:N    append_answer of N messages (what outbox.append() sends), beside the INSERT of
  *             the outbox bench's plain table
  * take        take_value() of one counter, beside the bench's hand-written upsert
  */
@@ -69,7 +69,7 @@ const append = (n: number): Scenario => {
   return {
     name: `append:${n}`,
     statements: {
-      [`append_positions of ${n}`]: {
+      [`append_answer of ${n}`]: {
         text: inline(plans.outbox.append, [
           `'t'`,
           types,
@@ -78,7 +78,7 @@ const append = (n: number): Scenario => {
           column('NULL', 'text'),
           column('NULL', 'jsonb'),
         ]),
-        answer: /positions = "\{\d+/g,
+        answer: /answer = "\{\d+/g,
       },
       [`plain INSERT of ${n}`]: {
         text: inline(PLAIN_APPEND, [`'t'`, types, keys, data]),

@@ -345,7 +345,7 @@ async function appendThroughput(ctx: BenchContext, admin: pg.Pool, ordo: Ordo): 
       .map((r) => `${r.label} × ${r.perTxn}: ${r.verified.text}`),
     notes: [
       'one op = BEGIN; append 1 or 10 messages (type, key, the same jsonb payload) in one statement; COMMIT.',
-      '  ordo: ordo.outbox.append(topic, messages, { tx }) = SELECT ordo.append_positions(…) (the transaction id kept per row,',
+      '  ordo: ordo.outbox.append(topic, messages, { tx }) = SELECT ordo.append_answer(…) (the transaction id kept per row,',
       '  the primary key (topic, transaction_id, position) and an index (topic, position), a shared advisory lock marking the',
       '  open appender, NOTIFY from one open transaction per topic at a time).',
       '  INSERT: INSERT … SELECT FROM unnest(…) RETURNING position into a table with the same columns but transaction_id,',

@@ -21,7 +21,7 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  *
  *   DATABASE_URL=… npx tsx bench/pgbench.ts [append|take …] [rounds]   (default: both, 3 rounds)
  *
- * append  BEGIN; one message; COMMIT: append_positions, a plain INSERT into the outbox bench's
+ * append  BEGIN; one message; COMMIT: append_answer, a plain INSERT into the outbox bench's
  *         table, and a plain INSERT into a table laid out as ordo.messages (LIKE … INCLUDING ALL)
  * take    BEGIN; a number of one hot counter; INSERT the invoice; COMMIT: take_value, and the
  *         gapless bench's upsert
@@ -54,7 +54,7 @@ COMMIT;
 const scripts: Record<string, { variants: Record<string, string>; baseline: string; empty: string }> = {
   append: {
     variants: {
-      append_positions: `\\set k random(1, 1000000)
+      append_answer: `\\set k random(1, 1000000)
 BEGIN;
 ${inline(plans.outbox.append, [topic, types, data, keys, 'ARRAY[NULL::text]', 'ARRAY[NULL::jsonb]'])};
 COMMIT;

@@ -625,7 +625,7 @@ describe('consumers over HTTP: leases that lapse, concurrency, and what lag show
       for (;;) {
         const { rows } = await sql(
           `SELECT count(*)::int AS n FROM pg_stat_activity
-            WHERE wait_event_type = 'Lock' AND application_name <> 'deadlocker' AND query LIKE '%append_positions%'`,
+            WHERE wait_event_type = 'Lock' AND application_name <> 'deadlocker' AND query LIKE '%append_answer%'`,
         );
         if (rows[0].n > 0) break;
         if (Date.now() > deadline) throw new Error('the request never waited');

@@ -165,7 +165,7 @@ describe('append and messageId', () => {
     }
   });
 
-  it('append_positions() answers each message given with its position, or null when its id was stored before (fast-check)', async () => {
+  it("append_answer() answers with the transaction's id, then each message's position, or null when its id was stored before (fast-check)", async () => {
     const { o, s } = await fresh();
     let run = 0;
     try {
@@ -182,11 +182,12 @@ describe('append and messageId', () => {
           for (const ids of batches) {
             const n = ids.length;
             const { rows } = await admin.query(
-              `SELECT ${s}.append_positions($1, array_fill('t'::text, ARRAY[$2::int]), array_fill('1'::jsonb, ARRAY[$2::int]),
+              `SELECT ${s}.append_answer($1, array_fill('t'::text, ARRAY[$2::int]), array_fill('1'::jsonb, ARRAY[$2::int]),
                  array_fill(NULL::text, ARRAY[$2::int]), $3::text[], array_fill(NULL::jsonb, ARRAY[$2::int]))::text AS p`,
               [topic, n, ids],
             );
-            const positions = arrayElements(rows[0].p).map((p) => (p === null ? null : Number(p)));
+            const [transactionId, ...answer] = arrayElements(rows[0].p);
+            const positions = answer.map((p) => (p === null ? null : Number(p)));
             // The model: a message without an id is stored; one with an id, when that id is not yet.
             const expected = ids.map((id) => {
               if (id === null) return true;
@@ -200,21 +201,35 @@ describe('append and messageId', () => {
             expect(kept[0] ?? last + 1).toBeGreaterThan(last);
             last = kept.at(-1) ?? last;
             const { rows: written } = await admin.query(
-              `SELECT position, message_id FROM ${s}.messages WHERE topic = $1 AND position = ANY($2::bigint[]) ORDER BY position`,
+              `SELECT position, message_id, transaction_id::text FROM ${s}.messages
+                WHERE topic = $1 AND position = ANY($2::bigint[]) ORDER BY position`,
               [topic, kept],
             );
             expect(written).toEqual(
-              positions.flatMap((p, i) => (p === null ? [] : [{ position: String(p), message_id: ids[i] }])),
+              positions.flatMap((p, i) =>
+                p === null
+                  ? []
+                  : [{ position: String(p), message_id: ids[i], transaction_id: transactionId }],
+              ),
             );
           }
-          // append_many() answers with the same, read off append_positions().
+          // append_many() answers with the same, read off append_answer() once.
+          const before = await count(s, `topic = '${topic}'`);
           const { rows } = await admin.query(
-            `SELECT message_id, position FROM ${s}.append_many($1, ARRAY['t', 't', 't'], ARRAY['1', '1', '1']::jsonb[],
-               ARRAY[NULL, NULL, NULL]::text[], ARRAY['e', NULL, 'e'], ARRAY[NULL, NULL, NULL]::jsonb[])`,
+            `SELECT message_id, position, transaction_id::text FROM ${s}.append_many($1, ARRAY['t', 't', 't'],
+               ARRAY['1', '1', '1']::jsonb[], ARRAY[NULL, NULL, NULL]::text[], ARRAY['e', NULL, 'e'],
+               ARRAY[NULL, NULL, NULL]::jsonb[])`,
             [topic],
           );
           expect(rows.map((r) => r.message_id)).toEqual(['e', null]);
           expect(Number(rows[0].position)).toBeLessThan(Number(rows[1].position));
+          expect(await count(s, `topic = '${topic}'`)).toBe(before + 2);
+          const { rows: ids } = await admin.query(
+            `SELECT DISTINCT transaction_id::text FROM ${s}.messages WHERE topic = $1 AND position = ANY($2::bigint[])`,
+            [topic, rows.map((r) => r.position)],
+          );
+          expect(ids).toEqual([{ transaction_id: rows[0].transaction_id }]);
+          expect(rows[1].transaction_id).toBe(rows[0].transaction_id);
         }),
         { numRuns: 40 },
       );

@@ -103,16 +103,14 @@ function json(what: string, value: unknown): string {
 }
 
 /**
- * What became of each message given: append_positions() answers with each one's position, in
- * the order given, null for a message whose id was stored before (in the same call or earlier).
+ * What became of each message given. append_answer() answers with the transaction's id, then
+ * each message's position in the order given, null for a message whose id was stored before
+ * (in the same call or earlier).
  */
-export function appendedOf(
-  columns: Columns,
-  positions: (string | null)[],
-  transactionId: string,
-): Appended[] {
+export function appendedOf(columns: Columns, answer: (string | null)[]): Appended[] {
+  const transactionId = answer[0]!;
   return columns.messageIds.map((messageId, i) => {
-    const position = nullable(positions[i] ?? null);
+    const position = nullable(answer[i + 1] ?? null);
     return position === null
       ? { messageId, position: null, transactionId: null, duplicate: true }
       : { messageId, position: Number(position), transactionId, duplicate: false };

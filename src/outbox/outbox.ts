@@ -188,7 +188,7 @@ export class Outbox {
       [topic, columns.types, columns.data, columns.keys, columns.messageIds, columns.headers],
       tx,
     );
-    const appended = appendedOf(columns, arrayElements(rows[0].positions), rows[0].transaction_id);
+    const appended = appendedOf(columns, arrayElements(rows[0].answer));
     const stored = appended.filter((a) => !a.duplicate).length;
     this.appended.set(topic, (this.appended.get(topic) ?? 0) + stored);
     return appended;

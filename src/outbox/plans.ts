@@ -23,11 +23,11 @@ export function outboxPlans(schema: string) {
     /** NOTIFY channel: the payload is the topic that has new messages (sent on commit). */
     channel: `ordo_outbox.${schema}`,
     /**
-     * Every message of one append, in one statement, in the caller's transaction: the position
-     * of each message given (null: its id was stored before), and the transaction's id (0032).
+     * Every message of one append, in one statement, in the caller's transaction: the
+     * transaction's id, then the position of each message given (null: its id was stored
+     * before), as one array (0032).
      */
-    append: `SELECT ${s}.append_positions($1, $2::text[], $3::jsonb[], $4::text[], $5::text[], $6::jsonb[]) AS positions,
-      pg_current_xact_id() AS transaction_id`,
+    append: `SELECT ${s}.append_answer($1, $2::text[], $3::jsonb[], $4::text[], $5::text[], $6::jsonb[]) AS answer`,
     /** The next batch of a partition this consumer leases, recorded against its version (readBatch). */
     receive: `SELECT ${fields}, version, attempt
       FROM ${s}.receive($1, $2, $3, $4, $5) ${lazy}`,
