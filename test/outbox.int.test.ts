@@ -395,6 +395,9 @@ describe('validation: invalid_argument, and nothing written', () => {
       expect(await append([null], [null], [null], [null])).toBe(
         'OX003: message 1: type must be 1 to 200 characters',
       );
+      expect(await append(['t', 't'], [null], [null, null], [null, null])).toBe(
+        'OX003: An append needs its arrays (types, data, keys, message ids, headers) of one length',
+      );
       expect(await count(s)).toBe(0);
       // The limits themselves, with and without a message id; absent headers are {}.
       expect(await two({ type: 'y'.repeat(200), key: 'k'.repeat(200), headers: { a: 'b' } })).toBe(

@@ -37,7 +37,8 @@ BEGIN
      OR cardinality(msg_types) IS DISTINCT FROM cardinality(msg_keys)
      OR cardinality(msg_types) IS DISTINCT FROM cardinality(msg_ids)
      OR cardinality(msg_types) IS DISTINCT FROM cardinality(msg_headers) THEN
-    RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = 'append_many needs arrays of one length';
+    RAISE EXCEPTION USING ERRCODE = 'OX003',
+      MESSAGE = 'An append needs its arrays (types, data, keys, message ids, headers) of one length';
   END IF;
   IF length(msg_topic) > 200 OR msg_topic !~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$' THEN
     RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format(
