@@ -21,6 +21,7 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  * is the cost of one. Needs valgrind (Debian: apt-get install valgrind).
  *
  *   npx tsx bench/instructions.ts [scenario …]   (default: throttle:16 throttle:1 append:1 append:10 take)
+ *   PG_BIN=/usr/lib/postgresql/15/bin npx tsx bench/instructions.ts …   (that PostgreSQL's programs)
  *
  * throttle:N  N acquires on random keys of 1,000 through throttle_batch (the statement the
  *             library's batcher sends), then the completions of the permits granted; a rate
@@ -126,7 +127,7 @@ const dir = await mkdtemp(join(tmpdir(), 'ordo-instructions-'));
 await chmod(dir, 0o755);
 const dataDir = join(dir, 'pg');
 try {
-  const server = await startEmbedded(dataDir);
+  const server = await startEmbedded(dataDir, process.env.PG_BIN);
   const ordo = await createOrdo({ databaseUrl: server.url });
   await ordo.throttles.define({ name: 't', limit: 1_000_000, per: '1s', lease: '1h' });
   await ordo.sequences.define({ name: 'daily', reset: 'day' });
@@ -146,7 +147,7 @@ try {
   await ordo.close();
   await server.stop();
 
-  const { postgres, runAs } = await embeddedPostgres();
+  const { postgres, runAs } = await embeddedPostgres(process.env.PG_BIN);
   // callgrind writes its counts here, as the user the server runs as.
   if (runAs.uid !== undefined) await chown(dir, runAs.uid, runAs.gid!);
   let runs = 0;

@@ -1,11 +1,13 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo } from '../src/index.js';
+import pg from 'pg';
+import { embeddedPostgres, startEmbedded } from '../src/db/embedded.js';
+import { createOrdo, OrdoError } from '../src/index.js';
 
 let root: string;
 
@@ -88,6 +90,29 @@ describe('embedded PostgreSQL', () => {
     } finally {
       await again.close();
     }
+  });
+
+  it("runs another PostgreSQL's programs from a folder (the benches' PG_BIN), and names a program missing there", async () => {
+    // Debian's PostgreSQL, which the machine's server runs on.
+    const bin = readdirSync('/usr/lib/postgresql')
+      .map((v) => `/usr/lib/postgresql/${v}/bin`)
+      .find((d) => existsSync(join(d, 'initdb')));
+    expect(bin).toBeDefined();
+    const server = await startEmbedded(join(root, 'other-bin', 'pg'), bin);
+    try {
+      const client = new pg.Client({ connectionString: server.url });
+      await client.connect();
+      const { rows } = await client.query("SELECT current_setting('data_directory') AS dir, version() AS v");
+      await client.end();
+      expect(rows[0].dir).toBe(join(root, 'other-bin', 'pg'));
+      expect(rows[0].v).toContain(`PostgreSQL ${bin!.split('/').at(-2)}`);
+      expect((await embeddedPostgres(bin)).postgres).toBe(join(bin!, 'postgres'));
+    } finally {
+      await server.stop();
+    }
+    const missing = await startEmbedded(join(root, 'no-bin', 'pg'), root).catch((e: unknown) => e);
+    expect(missing).toBeInstanceOf(OrdoError);
+    expect((missing as OrdoError).message).toBe(`There is no PostgreSQL program ${join(root, 'initdb')}.`);
   });
 
   it('stops PostgreSQL when the process gets SIGTERM or SIGINT, then dies of that signal', async () => {

