@@ -6,6 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, OrdoError, type OrdoErrorCode } from '../src/index.js';
+import { MAX_DURATION_MS, MAX_LIMIT } from '../src/throttles/definitions.js';
 import type { AcquireResult, Permit, Refusal } from '../src/throttles/permit.js';
 import type { AcquireOptions } from '../src/throttles/throttles.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
@@ -680,11 +681,12 @@ describe('the SQL functions, as another language calls them', () => {
       raw.query(`SELECT * FROM ordo.set_key_limits('sqllimits', 'k', $1, $2, $3, $4)`, [...limits]);
     // Each limit just past each of its bounds.
     const bad: [unknown[], RegExp][] = [];
+    // The bounds the library checks definitions against.
     for (const [i, name, max] of [
-      [0, 'every', 31_536_000_000],
-      [1, 'limit', 1_000_000],
-      [2, 'per', 31_536_000_000],
-      [3, 'concurrency', 1_000_000],
+      [0, 'every', MAX_DURATION_MS],
+      [1, 'limit', MAX_LIMIT],
+      [2, 'per', MAX_DURATION_MS],
+      [3, 'concurrency', MAX_LIMIT],
     ] as const) {
       for (const value of [0, max + 1]) {
         const limits: unknown[] = [null, null, null, null];
@@ -701,10 +703,10 @@ describe('the SQL functions, as another language calls them', () => {
     const stored = () => raw.query(`SELECT key FROM ordo.throttle_state WHERE name = 'sqllimits'`);
     expect((await stored()).rows).toEqual([]);
     // The bounds themselves are limits a key may have.
-    const { rows } = await call([31_536_000_000, 1_000_000, 1, 1]);
+    const { rows } = await call([MAX_DURATION_MS, MAX_LIMIT, 1, 1]);
     expect(rows[0]).toMatchObject({
-      every_ms: '31536000000',
-      rate_limit: 1_000_000,
+      every_ms: String(MAX_DURATION_MS),
+      rate_limit: MAX_LIMIT,
       per_ms: '1',
       concurrency: 1,
     });

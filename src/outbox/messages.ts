@@ -78,7 +78,7 @@ export function toColumns(input: unknown): Columns {
     columns.data.push(json(`${what}.data`, m.data));
     columns.keys.push(m.key == null ? null : text(`${what}.key`, m.key, 0, MAX_TEXT));
     columns.messageIds.push(m.messageId == null ? null : text(`${what}.messageId`, m.messageId, 1, MAX_TEXT));
-    // Absent headers are stored as {} by append_many, which spares sending them.
+    // Absent headers are stored as {} by append_answer, which spares sending them.
     columns.headers.push(
       m.headers === undefined ? null : json(`${what}.headers`, plainObject(`${what}.headers`, m.headers)),
     );
