@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
-import { clientLike, guardClient } from './db/clients.js';
+import { clientLike, guardClient, hearClientErrors } from './db/clients.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate, quoteIdent } from './db/migrations.js';
 import { Notifications, type NotificationStatus } from './db/notifications.js';
@@ -108,13 +108,15 @@ export class Ordo {
   }
 
   private async inTransaction<T>(fn: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
-    const client = await this.pool.connect().catch((e: unknown) => {
-      throw toOrdoError(e);
-    });
+    // Nothing has run before BEGIN: a server restarting, or a connection cut as it was taken,
+    // is waited out on another connection, as a standalone statement would be.
+    const { client, guard } = await this.inFlight
+      .retry(() => this.begin())
+      .catch((e: unknown) => {
+        throw toOrdoError(e);
+      });
     let broken = false;
-    const guard = guardClient(client);
     try {
-      await client.query('BEGIN');
       const result = await fn(client);
       // A commit can fail on ordo's account (a sequence attached at commit is exhausted): say
       // so as an OrdoError. What fn throws is the caller's and passes through as it is.
@@ -129,6 +131,18 @@ export class Ordo {
       throw e;
     } finally {
       guard.release(broken);
+    }
+  }
+
+  private async begin(): Promise<{ client: pg.PoolClient; guard: ReturnType<typeof guardClient> }> {
+    const client = await this.pool.connect();
+    const guard = guardClient(client);
+    try {
+      await client.query('BEGIN');
+      return { client, guard };
+    } catch (e) {
+      guard.release(true);
+      throw e;
     }
   }
 
@@ -253,9 +267,12 @@ export async function createOrdo(options: OrdoOptions = {}): Promise<Ordo> {
           query_timeout: config.statementTimeoutMs,
         });
   const ownsPool = source.kind !== 'pool';
-  // An idle connection that dies (server restart) must not crash the process; the next
-  // query gets a fresh connection and reports its own error.
-  if (ownsPool) pool.on('error', () => undefined);
+  // A connection that dies (server restart), idle or just handed out, must not crash the
+  // process; the next query gets a fresh connection and reports its own error.
+  if (ownsPool) {
+    pool.on('error', () => undefined);
+    hearClientErrors(pool);
+  }
   try {
     await migrate(pool, config.schema, config.migrate);
   } catch (e) {

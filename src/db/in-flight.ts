@@ -24,24 +24,32 @@ export class InFlight {
 
   /**
    * One statement, tracked; its error becomes an OrdoError with the statement attached. A
-   * statement that never reached the server (no connection could be opened: a restart, a full
-   * server) is sent again with back-off for up to `retryMs`: that cannot run it twice.
+   * statement that never reached the server is sent again (see retry).
    */
   query(db: Queryable, text: string, values: unknown[], retryMs = this.retryMs): Promise<{ rows: any[] }> {
     return this.track(
-      (async () => {
-        const deadline = performance.now() + retryMs;
-        for (let attempt = 0; ; attempt++) {
-          try {
-            return await db.query(text, values);
-          } catch (e) {
-            const left = deadline - performance.now();
-            if (!neverSent(e) || left <= 0) throw toOrdoError(e, text);
-            await sleep(Math.min(backoffDelay(attempt + 3), left));
-          }
-        }
-      })(),
+      this.retry(() => db.query(text, values), retryMs).catch((e: unknown) => {
+        throw toOrdoError(e, text);
+      }),
     );
+  }
+
+  /**
+   * Runs `attempt` again with back-off, for up to `retryMs`, while it fails before reaching the
+   * server (no connection could be opened or taken: a restart, a full server; or the one taken
+   * had been cut): that cannot run it twice. Other failures are thrown as they are.
+   */
+  async retry<T>(attempt: () => Promise<T>, retryMs = this.retryMs): Promise<T> {
+    const deadline = performance.now() + retryMs;
+    for (let n = 0; ; n++) {
+      try {
+        return await attempt();
+      } catch (e) {
+        const left = deadline - performance.now();
+        if (!neverSent(e) || left <= 0) throw e;
+        await sleep(Math.min(backoffDelay(n + 3), left));
+      }
+    }
   }
 
   get busy(): boolean {
