@@ -12,6 +12,7 @@ import { connect, createServer, type Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { hearClientErrors } from '../src/db/clients.js';
 import { createOrdo, type Ordo } from '../src/index.js';
 import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
 import { killAll, type ServerProcess, startServer } from './support/server-process.js';
@@ -33,6 +34,7 @@ beforeAll(async () => {
   admin = new pg.Pool({ connectionString: server.url, max: 2 });
   // Its idle connections die at every restart: they must not fail the file.
   admin.on('error', () => undefined);
+  hearClientErrors(admin);
 });
 
 afterAll(async () => {

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { inject } from 'vitest';
+import { hearClientErrors } from '../../src/db/clients.js';
 import { createOrdo, type Ordo } from '../../src/index.js';
 
 export const baseUrl = (): string => inject('databaseUrl');
@@ -26,6 +27,7 @@ export async function freshDatabase(prefix = 'ordo_t'): Promise<TestDatabase> {
     pool(max = 10) {
       const p = new pg.Pool({ connectionString: url.toString(), max });
       p.on('error', () => undefined);
+      hearClientErrors(p);
       pools.push(p);
       return p;
     },

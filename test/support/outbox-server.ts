@@ -1,5 +1,6 @@
 import type { ChildProcess } from 'node:child_process';
 import pg from 'pg';
+import { hearClientErrors } from '../../src/db/clients.js';
 import { createOrdo, type Ordo } from '../../src/index.js';
 import { type OwnPostgres, ownPostgres } from './own-postgres.js';
 
@@ -29,6 +30,7 @@ export async function outboxServer(
   const raw = new pg.Pool({ connectionString: server.url, max: options.rawMax ?? 2 });
   // Connections still closing when the server stops must not fail the file.
   raw.on('error', () => undefined);
+  hearClientErrors(raw);
   await raw.query(`CREATE TABLE received (
     n bigserial UNIQUE, position bigint PRIMARY KEY, transaction_id xid8 NOT NULL, consumer text NOT NULL)`);
   const children = new Set<ChildProcess>();
