@@ -13,7 +13,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { hearClientErrors } from '../src/db/clients.js';
-import { createOrdo, type Ordo } from '../src/index.js';
+import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
 import { killAll, type ServerProcess, startServer } from './support/server-process.js';
 
@@ -572,6 +572,41 @@ describe('batched nextval() across restarts', () => {
       expect(new Set(short.values).size).toBe(short.values.length);
     } finally {
       await ordo.close();
+    }
+  });
+});
+
+describe('ordo.transaction while PostgreSQL is stopped', () => {
+  it('begins once it is back, within connectTimeout, and runs fn once; past connectTimeout it fails with database_unavailable, fn never called', async () => {
+    const url = await database('restarts_transaction');
+    const patient = await createOrdo({ databaseUrl: url, poolSize: 2, connectTimeout: '10s' });
+    const hasty = await createOrdo({ databaseUrl: url, poolSize: 2, connectTimeout: '300ms' });
+    const calls = { patient: 0, hasty: 0 };
+    try {
+      await server.stop('immediate');
+      const waited = patient.transaction(async (tx) => {
+        calls.patient++;
+        return (await tx.query('SELECT 1 AS one')).rows[0].one as number;
+      });
+      const gaveUp = hasty
+        .transaction(async () => {
+          calls.hasty++;
+        })
+        .then(
+          () => 'ran',
+          (e: unknown) => e,
+        );
+      await sleep(1_000);
+      await server.start();
+      expect(await waited).toBe(1);
+      expect(calls.patient).toBe(1);
+      const refused = await gaveUp;
+      expect(refused).toBeInstanceOf(OrdoError);
+      expect((refused as OrdoError).code).toBe('database_unavailable');
+      expect(calls.hasty).toBe(0);
+    } finally {
+      if (!server.running) await server.start();
+      await Promise.all([patient.close(), hasty.close()]);
     }
   });
 });
