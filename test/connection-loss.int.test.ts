@@ -5,7 +5,9 @@
  * client nobody listened to yet (seen in CI as an uncaught exception during a restart test).
  */
 import { spawnSync } from 'node:child_process';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, expect, it } from 'vitest';
+import { OrdoError } from '../src/index.js';
 import { type OrdoDatabase, ordoDatabase } from './support/database.js';
 
 let t: OrdoDatabase;
@@ -39,5 +41,37 @@ it('a connection terminated as it passes from a call to a waiting transaction: i
     expect(uncaught).toEqual([]);
   } finally {
     process.off('uncaughtException', hear);
+  }
+});
+
+it("a caller's transaction whose connection was cut: each call on it fails at once with database_unavailable, not after connectTimeout", async () => {
+  const tx = await t.sql.connect();
+  tx.on('error', () => undefined);
+  try {
+    await tx.query('BEGIN');
+    const { rows } = await tx.query('SELECT pg_backend_pid() AS pid');
+    const psql = spawnSync('psql', [t.db.url, '-X', '-Atc', `SELECT pg_terminate_backend(${rows[0].pid})`]);
+    expect(psql.status, psql.stderr.toString()).toBe(0);
+    // The client hears the server end the connection.
+    while ((tx as unknown as { _queryable: boolean })._queryable) await sleep(10);
+    await t.ordo.sequences.define({ name: 'cut_tx', ifNotExists: true });
+    const calls: [string, () => Promise<unknown>][] = [
+      ['sequences.next', () => t.ordo.sequences.next('cut_tx', { tx })],
+      ['outbox.append', () => t.ordo.outbox.append('cut-tx', { type: 'Tick', data: {} }, { tx })],
+    ];
+    for (const [name, call] of calls) {
+      const started = performance.now();
+      const e = await call().then(
+        () => undefined,
+        (error: unknown) => error,
+      );
+      // A statement on that connection can never be sent: trying again for connectTimeout (10 s
+      // here) would only make the caller wait.
+      expect(e, name).toBeInstanceOf(OrdoError);
+      expect((e as OrdoError).code, name).toBe('database_unavailable');
+      expect(performance.now() - started, name).toBeLessThan(5_000);
+    }
+  } finally {
+    tx.release(true);
   }
 });

@@ -10,8 +10,16 @@ import type { Queryable } from './queryable.js';
 export class InFlight {
   private readonly pending = new Set<Promise<unknown>>();
 
-  /** @param retryMs how long a statement that never reached the server is tried again (0: never). */
-  constructor(private readonly retryMs = 0) {}
+  /**
+   * @param pool where statements that never reached the server are sent again: another
+   *   connection may work where the first could not be opened. On a caller's transaction, or
+   *   any other single connection, they cannot be, and fail at once.
+   * @param retryMs how long they are tried again (0: never).
+   */
+  constructor(
+    private readonly pool: Queryable,
+    private readonly retryMs = 0,
+  ) {}
 
   track<T>(work: Promise<T>): Promise<T> {
     this.pending.add(work);
@@ -24,11 +32,11 @@ export class InFlight {
 
   /**
    * One statement, tracked; its error becomes an OrdoError with the statement attached. A
-   * statement that never reached the server is sent again (see retry).
+   * statement on the pool that never reached the server is sent again (see retry).
    */
   query(db: Queryable, text: string, values: unknown[], retryMs = this.retryMs): Promise<{ rows: any[] }> {
     return this.track(
-      this.retry(() => db.query(text, values), retryMs).catch((e: unknown) => {
+      this.retry(() => db.query(text, values), db === this.pool ? retryMs : 0).catch((e: unknown) => {
         throw toOrdoError(e, text);
       }),
     );
