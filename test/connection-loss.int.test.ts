@@ -5,7 +5,6 @@
  * client nobody listened to yet (seen in CI as an uncaught exception during a restart test).
  */
 import { spawnSync } from 'node:child_process';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { OrdoError } from '../src/index.js';
 import { type OrdoDatabase, ordoDatabase } from './support/database.js';
@@ -16,6 +15,15 @@ beforeAll(async () => {
   t = await ordoDatabase({ poolSize: 1 });
 });
 afterAll(() => t?.close());
+
+/**
+ * Ends a backend from another process, synchronously: the event loop is blocked meanwhile, so
+ * whatever the server sends before and after arrives in one read.
+ */
+function terminateNow(pid: number): void {
+  const psql = spawnSync('psql', [t.db.url, '-X', '-Atc', `SELECT pg_terminate_backend(${pid})`]);
+  expect(psql.status, psql.stderr.toString()).toBe(0);
+}
 
 it('a connection terminated as it passes from a call to a waiting transaction: it begins again on a new one, and the process lives on', async () => {
   const uncaught: unknown[] = [];
@@ -32,8 +40,7 @@ it('a connection terminated as it passes from a call to a waiting transaction: i
       // Blocks the event loop once the append is on its way: its answer and the server's
       // "terminating connection" then arrive in one read.
       await new Promise((resolve) => setImmediate(resolve));
-      const psql = spawnSync('psql', [t.db.url, '-X', '-Atc', `SELECT pg_terminate_backend(${pid})`]);
-      expect(psql.status, psql.stderr.toString()).toBe(0);
+      terminateNow(pid);
       expect((await first)[0]!.position).toBeTypeOf('number');
       // Nothing ran before its BEGIN: it is begun again on a new connection.
       expect((await second).rows).toEqual([{ one: 1 }]);
@@ -46,14 +53,12 @@ it('a connection terminated as it passes from a call to a waiting transaction: i
 
 it("a caller's transaction whose connection was cut: each call on it fails at once with database_unavailable, not after connectTimeout", async () => {
   const tx = await t.sql.connect();
-  tx.on('error', () => undefined);
+  const cut = new Promise<void>((resolve) => tx.on('error', () => resolve()));
   try {
     await tx.query('BEGIN');
     const { rows } = await tx.query('SELECT pg_backend_pid() AS pid');
-    const psql = spawnSync('psql', [t.db.url, '-X', '-Atc', `SELECT pg_terminate_backend(${rows[0].pid})`]);
-    expect(psql.status, psql.stderr.toString()).toBe(0);
-    // The client hears the server end the connection.
-    while ((tx as unknown as { _queryable: boolean })._queryable) await sleep(10);
+    terminateNow(rows[0].pid);
+    await cut;
     await t.ordo.sequences.define({ name: 'cut_tx', ifNotExists: true });
     const calls: [string, () => Promise<unknown>][] = [
       ['sequences.next', () => t.ordo.sequences.next('cut_tx', { tx })],
