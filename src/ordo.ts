@@ -5,7 +5,7 @@ import { clientLike, guardClient, hearClientErrors } from './db/clients.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate, quoteIdent } from './db/migrations.js';
 import { Notifications, type NotificationStatus } from './db/notifications.js';
-import { closedError, toOrdoError } from './errors.js';
+import { closedError, neverSent, toOrdoError } from './errors.js';
 import { Outbox } from './outbox/outbox.js';
 import { outboxPlans } from './outbox/plans.js';
 import { executeQuery, type StatementResult } from './query/executor.js';
@@ -108,10 +108,14 @@ export class Ordo {
   }
 
   private async inTransaction<T>(fn: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
-    // Nothing has run before BEGIN: a server restarting, or a connection cut as it was taken,
-    // is waited out on another connection, as a standalone statement would be.
+    // Nothing has run until BEGIN succeeds: a server restarting, or a connection cut as it was
+    // taken or while it began, is waited out on another connection within connectTimeout.
     const { client, guard } = await this.inFlight
-      .retry(() => this.begin())
+      .retry(
+        () => this.begin(),
+        undefined,
+        (e) => neverSent(e) || toOrdoError(e).code === 'database_unavailable',
+      )
       .catch((e: unknown) => {
         throw toOrdoError(e);
       });

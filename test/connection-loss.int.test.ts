@@ -51,6 +51,24 @@ it('a connection terminated as it passes from a call to a waiting transaction: i
   }
 });
 
+it('a connection the server ended while it sat in the pool: the BEGIN sent on it fails, and the transaction begins again on a new one', async () => {
+  for (let round = 0; round < 3; round++) {
+    const pid = await t.ordo.transaction(
+      async (tx) => (await tx.query('SELECT pg_backend_pid() AS pid')).rows[0].pid,
+    );
+    // The server's end waits unread in the socket while the transaction takes that connection
+    // and sends BEGIN on it (nothing is read in between): BEGIN gets it as its answer.
+    terminateNow(pid);
+    const calls = { fn: 0 };
+    const begun = t.ordo.transaction(async (tx) => {
+      calls.fn++;
+      return (await tx.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+    });
+    expect(await begun).not.toBe(pid);
+    expect(calls.fn).toBe(1);
+  }
+});
+
 it("a caller's transaction whose connection was cut: each call on it fails at once with database_unavailable, not after connectTimeout", async () => {
   const tx = await t.sql.connect();
   const cut = new Promise<void>((resolve) => tx.on('error', () => resolve()));

@@ -43,18 +43,19 @@ export class InFlight {
   }
 
   /**
-   * Runs `attempt` again with back-off, for up to `retryMs`, while it fails before reaching the
-   * server (no connection could be opened or taken: a restart, a full server; or the one taken
-   * had been cut): that cannot run it twice. Other failures are thrown as they are.
+   * Runs `attempt` again with back-off, for up to `retryMs`, while it fails in a way that shows
+   * it did nothing (`harmless`; by default: it never reached the server, as when no connection
+   * could be opened or taken, a restart, a full server, or the one taken had been cut), so that
+   * trying again cannot do anything twice. Other failures are thrown as they are.
    */
-  async retry<T>(attempt: () => Promise<T>, retryMs = this.retryMs): Promise<T> {
+  async retry<T>(attempt: () => Promise<T>, retryMs = this.retryMs, harmless = neverSent): Promise<T> {
     const deadline = performance.now() + retryMs;
     for (let n = 0; ; n++) {
       try {
         return await attempt();
       } catch (e) {
         const left = deadline - performance.now();
-        if (!neverSent(e) || left <= 0) throw e;
+        if (!harmless(e) || left <= 0) throw e;
         await sleep(Math.min(backoffDelay(n + 3), left));
       }
     }
