@@ -212,14 +212,7 @@ export function neverSent(error: unknown): boolean {
   const cause = error instanceof OrdoError ? error.cause : error;
   const e = cause as { code?: unknown; message?: unknown } | undefined;
   if (typeof e?.code === 'string' && BEFORE_SENDING.has(e.code)) return true;
-  // pg's own refusals, made before a byte is written: no free connection in time, or a
-  // connection taken from the pool as the server cut it.
-  return (
-    typeof e?.message === 'string' &&
-    /timeout exceeded when trying to connect|Client has encountered a connection error and is not queryable/i.test(
-      e.message,
-    )
-  );
+  return typeof e?.message === 'string' && /timeout exceeded when trying to connect/i.test(e.message);
 }
 
 function wrap(code: OrdoErrorCode, message: string, cause: unknown, statement?: string): OrdoError {

@@ -45,8 +45,8 @@ export class InFlight {
   /**
    * Runs `attempt` again with back-off, for up to `retryMs`, while it fails in a way that shows
    * it did nothing (`harmless`; by default: it never reached the server, as when no connection
-   * could be opened or taken, a restart, a full server, or the one taken had been cut), so that
-   * trying again cannot do anything twice. Other failures are thrown as they are.
+   * could be opened or taken in a restart or on a full server), so that trying again cannot do
+   * anything twice. Other failures are thrown as they are.
    */
   async retry<T>(attempt: () => Promise<T>, retryMs = this.retryMs, harmless = neverSent): Promise<T> {
     const deadline = performance.now() + retryMs;
