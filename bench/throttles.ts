@@ -126,6 +126,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
     const composite = await compositeRows(ctx, ordo, counter, () => standInAutovacuum(admin, vacuumed));
     rows.push(...composite.rows);
     goals.push(composite.goal);
+    const idle = await idleTable(ctx, ordo, limiter);
     await ordo.close();
 
     const handoff = await handoffTable(ctx);
@@ -178,6 +179,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
             : []),
         ],
       },
+      idle,
       handoff,
       story,
     ];
@@ -326,6 +328,90 @@ async function compositeRows(
       '',
       '',
       ratioCell(c.load.opsPerSecond / t.load.opsPerSecond, 1),
+    ],
+  };
+}
+
+// ─── a session idle in a transaction ─────────────────────────────────────────────────────
+
+/** Seconds at each end of the idle-session run whose rates are compared. */
+const IDLE_END_SECONDS = 1;
+
+/**
+ * acquire + complete on one key with a concurrency limit, and consume() on one key, each while
+ * a session sits idle in a transaction that holds an id (a forgotten psql): nothing either
+ * writes can be vacuumed away meanwhile, so each decision reads more dead row versions as the
+ * run goes on. Rates in the first and the last second of the run.
+ */
+async function idleTable(ctx: BenchContext, ordo: Ordo, limiter: RateLimiterPostgres): Promise<Table> {
+  const name = 'bench_idle';
+  await ordo.throttles.define({
+    name,
+    limit: 1_000_000,
+    per: '1s',
+    concurrency: 100_000,
+    lease: '1m',
+    overwrite: true,
+  });
+  const ops: Record<string, () => Promise<void>> = {
+    'ordo acquire + complete (with a concurrency limit)': async () => {
+      const permit = await ordo.throttles.acquire(name, { key: 'idle-hot' });
+      if (!permit.granted) throw new Error(`refused: ${permit.reason}`);
+      await permit.complete();
+    },
+    'RateLimiterPostgres consume': async () => {
+      await limiter.consume('idle-hot');
+    },
+  };
+  const seconds = Math.max(ctx.seconds, 3 * IDLE_END_SECONDS);
+  const rows: string[][] = [];
+  for (const [label, op] of Object.entries(ops)) {
+    ctx.signal.throwIfAborted();
+    const forgotten = new pg.Client({
+      connectionString: ctx.url,
+      application_name: 'ordo-bench-forgotten-psql',
+    });
+    forgotten.on('error', () => undefined);
+    await forgotten.connect();
+    try {
+      await forgotten.query('BEGIN');
+      await forgotten.query('SELECT pg_current_xact_id()');
+      const start = performance.now();
+      const until = start + seconds * 1000;
+      const ends: number[] = [];
+      await Promise.all(
+        Array.from({ length: CALLERS }, async () => {
+          while (performance.now() < until) {
+            await op();
+            ends.push(performance.now() - start);
+          }
+        }),
+      );
+      const first = ends.filter((t) => t < IDLE_END_SECONDS * 1000).length / IDLE_END_SECONDS;
+      const last = ends.filter((t) => t >= (seconds - IDLE_END_SECONDS) * 1000).length / IDLE_END_SECONDS;
+      ctx.log(
+        `throttles idle session · ${label}: ${fmt.int(first)} → ${fmt.int(last)} ops/s in ${seconds} s`,
+      );
+      rows.push([label, fmt.int(first), fmt.int(last), fmt.fixed(last / first, 2)]);
+    } finally {
+      await forgotten.end();
+    }
+  }
+  return {
+    title: `throttles — a session idle in a transaction for the whole run: one hot key, ${CALLERS} callers, ${seconds} s each`,
+    columns: [
+      { header: 'scenario' },
+      { header: `first ${IDLE_END_SECONDS} s, ops/s`, align: 'right' },
+      { header: `last ${IDLE_END_SECONDS} s, ops/s`, align: 'right' },
+      { header: 'last ÷ first', align: 'right' },
+    ],
+    rows,
+    failures: [],
+    notes: [
+      'the idle session holds a transaction id (BEGIN; SELECT pg_current_xact_id()): no row version written after it began can',
+      "  be vacuumed away while it is open, so both slow down as the dead versions of the key pile up: the key's state row",
+      "  (ordo) or counter row (RateLimiterPostgres), and ordo's ended permits, which a decision looks through for those ended",
+      "  since the last one. The live units of a key are a counter in its state row (0033), not a count of the lease's permits.",
     ],
   };
 }
