@@ -188,6 +188,41 @@ describe('live units kept in the key', () => {
   });
 });
 
+describe('maintain() beside a decision', () => {
+  it('leaves a key a decision holds to that decision, without waiting for it: no deadlock, the end counted once', async () => {
+    const ordo = await createOrdo({ databaseUrl: db.url, poolSize: 2 });
+    const decision = await raw.connect();
+    try {
+      await ordo.throttles.define({ name: 'busy', concurrency: 2, lease: '1m' });
+      const done = granted(await ordo.throttles.acquire('busy', { key: 'k' }));
+      await done.complete();
+      await raw.query(`UPDATE ordo.permits SET ended_at = ended_at - interval '25 hours' WHERE id = $1`, [
+        done.id,
+      ]);
+      // A decision has locked the key (as throttle_lock does) and has not folded it yet.
+      await decision.query('BEGIN');
+      await decision.query(`SELECT 1 FROM ordo.throttle_state WHERE name = 'busy' AND key = 'k' FOR UPDATE`);
+      // maintain() neither waits for the key nor deletes its end under it: the decision would
+      // then wait for maintain() while maintain() waits for the key.
+      const started = performance.now();
+      const ended = (await ordo.maintain()).find((m) => m.what === 'ended permits')?.deleted;
+      expect(ended).toBe(0);
+      expect(performance.now() - started).toBeLessThan(1000);
+      const { rows } = await decision.query(
+        `SELECT granted FROM ordo.acquire_all(ARRAY[1], ARRAY['busy'], ARRAY['k'], ARRAY[2], ARRAY[NULL::text])`,
+      );
+      // The decision folded the end: the whole limit is free for it.
+      expect(rows[0].granted).toBe(true);
+      await decision.query('COMMIT');
+      expect(await counted(raw, 'busy', 'k')).toEqual({ counter: 2, permits: 2 });
+    } finally {
+      await decision.query('ROLLBACK').catch(() => undefined);
+      decision.release();
+      await ordo.close();
+    }
+  });
+});
+
 describe('upgrade to 0033', () => {
   it('counts the permits running, ended unfolded and expired unswept of a database on 0032, and the limit holds across it', async () => {
     const old = await freshDatabase();

@@ -15,12 +15,14 @@
 -- throttle_state.live_units now holds the units of the key's permits of its incarnation that
 -- have not been folded as ended: added by the decision that grants them, taken away by the
 -- decision that folds their end (completed or failed), or that marks them expired, or by
--- maintain() when it deletes an end nobody folded. After throttle_fold it is the live units.
--- throttle_glance, which reads a key another transaction has locked, counts from the permits
--- only when that counter leaves no room (it counts ended permits not yet folded, so it is an
--- upper bound); throttle_fold reads the first lease to run out only for a key with no room
--- left, for the wait a refusal gives: a request of several units refused while the key has
--- room for fewer is told 100 ms, as when no lease runs out sooner.
+-- maintain() when it deletes an end nobody folded (under the key's lock, taken first as a
+-- decision takes it; a key locked at that moment is left to the decision that holds it).
+-- After throttle_fold it is the live units. throttle_glance, which reads a key another
+-- transaction has locked, counts from the permits only when that counter leaves no room (it
+-- counts ended permits not yet folded, so it is an upper bound); throttle_fold reads the first
+-- lease to run out only for a key with no room left, for the wait a refusal gives: a request
+-- of several units refused while the key has room for fewer is told 100 ms, as when no lease
+-- runs out sooner.
 --
 -- Custom SQLSTATEs: none new.
 
@@ -390,7 +392,7 @@ BEGIN
    ORDER BY a.r;
 END $$;
 
--- 0023's, taking an unfolded end it deletes out of the counter.
+-- 0023's, taking an unfolded end it deletes out of the counter, under the key's lock.
 CREATE OR REPLACE FUNCTION {{schema}}.maintain() RETURNS TABLE (what text, deleted bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -403,13 +405,24 @@ BEGIN
     SELECT ctid FROM {{schema}}.issued WHERE issued_at < now() - interval '1 day' LIMIT 10000));
   GET DIAGNOSTICS n = ROW_COUNT;
   what := 'idempotency keys'; deleted := n; RETURN NEXT;
-  -- A completed or failed permit no decision has folded still counts in its key's live units.
-  WITH gone AS (
-    DELETE FROM {{schema}}.permits WHERE ctid = ANY (ARRAY(
-      SELECT ctid FROM {{schema}}.permits
-       WHERE ended_at < now() - interval '1 day' AND NOT refund
-         AND (hold_until IS NULL OR hold_until < now()) LIMIT 10000))
-    RETURNING name, key, incarnation, cost, outcome
+  -- A completed or failed permit no decision has folded still counts in its key's live units,
+  -- so the key's state row is locked before its permits are deleted, as a decision locks them,
+  -- and never waited for: a key being decided is folded by that decision.
+  WITH candidates AS (
+    SELECT DISTINCT p.name, p.key FROM {{schema}}.permits AS p
+     WHERE p.ended_at < now() - interval '1 day' AND NOT p.refund
+       AND (p.hold_until IS NULL OR p.hold_until < now())
+     LIMIT 10000
+  ), keys AS (
+    SELECT st.name, st.key FROM {{schema}}.throttle_state AS st
+      JOIN candidates AS c ON c.name = st.name AND c.key = st.key
+     ORDER BY st.name, st.key
+       FOR UPDATE OF st SKIP LOCKED
+  ), gone AS (
+    DELETE FROM {{schema}}.permits AS p USING keys AS k
+     WHERE p.name = k.name AND p.key = k.key AND p.ended_at < now() - interval '1 day' AND NOT p.refund
+       AND (p.hold_until IS NULL OR p.hold_until < now())
+    RETURNING p.name, p.key, p.incarnation, p.cost, p.outcome
   ), unfolded AS (
     UPDATE {{schema}}.throttle_state AS st SET live_units = st.live_units - x.units
       FROM (SELECT g.name, g.key, g.incarnation, sum(g.cost) AS units FROM gone AS g
