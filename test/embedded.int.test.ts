@@ -22,7 +22,13 @@ afterAll(async () => {
 function startChild(
   dataDir: string,
   mode = 'wait',
-): { child: ChildProcess; ready: Promise<number>; output: () => string } {
+): {
+  child: ChildProcess;
+  ready: Promise<number>;
+  /** Listened for from the start: a child that exits right after it is ready is not missed. */
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  output: () => string;
+} {
   const child = spawn(
     process.execPath,
     ['--import', 'tsx', 'test/support/embedded-child.ts', dataDir, mode],
@@ -42,7 +48,10 @@ function startChild(
     });
     child.on('exit', (code) => reject(new Error(`child exited with ${code}: ${output}`)));
   });
-  return { child, ready, output: () => output };
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on('exit', (code, signal) => resolve({ code, signal })),
+  );
+  return { child, ready, exited, output: () => output };
 }
 
 async function postmasterPid(dataDir: string): Promise<number | undefined> {
@@ -118,25 +127,23 @@ describe('embedded PostgreSQL', () => {
   it('stops PostgreSQL when the process gets SIGTERM or SIGINT, then dies of that signal', async () => {
     const dataDir = join(root, 'signals', 'pg');
     for (const [i, signal] of (['SIGTERM', 'SIGINT'] as const).entries()) {
-      const { child, ready } = startChild(dataDir);
+      const { child, ready, exited } = startChild(dataDir);
       expect(await ready).toBe(i + 1);
       const pid = await postmasterPid(dataDir);
       expect(pid && alive(pid)).toBe(true);
-      const exited = new Promise((resolve) => child.on('exit', (_code, sig) => resolve(sig)));
       child.kill(signal);
-      expect(await exited).toBe(signal);
+      expect((await exited).signal).toBe(signal);
       await until(() => !alive(pid!));
     }
   });
 
   it('an application that handles SIGTERM itself keeps its database until it closes ordo', async () => {
     const dataDir = join(root, 'own-handler', 'pg');
-    const { child, ready, output } = startChild(dataDir, 'own-handler');
+    const { child, ready, exited, output } = startChild(dataDir, 'own-handler');
     expect(await ready).toBe(1);
     const pid = await postmasterPid(dataDir);
-    const exited = new Promise((resolve) => child.on('exit', (code) => resolve(code)));
     child.kill('SIGTERM');
-    expect(await exited).toBe(0);
+    expect((await exited).code).toBe(0);
     expect(output()).toContain('after-signal 2');
     await until(() => !alive(pid!));
   });
@@ -145,21 +152,20 @@ describe('embedded PostgreSQL', () => {
     const dataDir = join(root, 'exit', 'pg');
     const closed = startChild(dataDir, 'exit-code');
     expect(await closed.ready).toBe(1);
-    expect(await new Promise((resolve) => closed.child.on('exit', resolve))).toBe(7);
+    expect((await closed.exited).code).toBe(7);
 
     const abrupt = startChild(dataDir, 'exit-without-close');
     expect(await abrupt.ready).toBe(2);
     const pid = await postmasterPid(dataDir);
-    expect(await new Promise((resolve) => abrupt.child.on('exit', resolve))).toBe(3);
+    expect((await abrupt.exited).code).toBe(3);
     await until(() => !alive(pid!));
   });
 
   it('after the owning process is killed with SIGKILL, the next start reuses the server left running', async () => {
     const dataDir = join(root, 'killed', 'pg');
-    const { child, ready } = startChild(dataDir);
+    const { child, ready, exited } = startChild(dataDir);
     expect(await ready).toBe(1);
     const pid = await postmasterPid(dataDir);
-    const exited = new Promise((resolve) => child.on('exit', resolve));
     child.kill('SIGKILL');
     await exited;
     expect(alive(pid!)).toBe(true);
