@@ -142,19 +142,30 @@ describe('live units kept in the key', () => {
     await Promise.all(instances.map((o) => o.close()));
   });
 
-  it('start again from nothing when the throttle is removed and defined again, with permits still running', async () => {
+  it("start again from nothing under a new definition: a key's state written by the old one counts nothing", async () => {
     const ordo = await createOrdo({ databaseUrl: db.url, poolSize: 2 });
+    const tx = await raw.connect();
     try {
       await ordo.throttles.define({ name: 'reborn', concurrency: 2, lease: '1m' });
-      const old = granted(await ordo.throttles.acquire('reborn', { key: 'k', cost: 2 }));
+      // A first grant on a new key in a transaction still open while the throttle is removed
+      // and defined again: its state row and permit, not yet committed, survive the removal.
+      await tx.query('BEGIN');
+      granted(await ordo.throttles.acquire('reborn', { key: 'k', cost: 2, tx }));
       await ordo.throttles.remove('reborn');
       await ordo.throttles.define({ name: 'reborn', concurrency: 2, lease: '1m' });
+      await tx.query('COMMIT');
+      const { rows } = await raw.query(
+        `SELECT st.live_units::int AS units, st.incarnation < d.incarnation AS old
+           FROM ordo.throttle_state AS st JOIN ordo.throttles AS d ON d.name = st.name
+          WHERE st.name = 'reborn' AND st.key = 'k'`,
+      );
+      expect(rows).toEqual([{ units: 2, old: true }]);
+      // The new definition's first decision on the key starts from nothing: all 2 units free.
       granted(await ordo.throttles.acquire('reborn', { key: 'k', cost: 2 }));
       expect(await unitsAfterDecision(raw, 'reborn', 'k')).toEqual({ counter: 2, running: 2 });
-      // The old permit's end belongs to the old definition: it frees nothing now.
-      await old.complete().catch(() => undefined);
-      expect(await unitsAfterDecision(raw, 'reborn', 'k')).toEqual({ counter: 2, running: 2 });
     } finally {
+      await tx.query('ROLLBACK').catch(() => undefined);
+      tx.release();
       await ordo.close();
     }
   });
