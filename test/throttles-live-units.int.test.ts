@@ -286,13 +286,16 @@ describe('upgrade to 0033', () => {
 
 describe('plans that do not trust the size estimate of ordo.permits', () => {
   it('a decision on one key reads a few pages, though the planner takes the table for nearly empty and it holds 2,000 permits of another throttle', async () => {
-    const ordo = await createOrdo({ databaseUrl: db.url, poolSize: 2 });
-    const fresh = await raw.connect();
+    // Its own database: the estimate is of the whole table.
+    const own = await freshDatabase();
+    const pool = own.pool(2);
+    const ordo = await createOrdo({ databaseUrl: own.url, poolSize: 2 });
+    const fresh = await pool.connect();
     try {
       await ordo.throttles.define({ name: 'crowd', limit: 1_000_000, per: '1s', lease: '1h' });
       await ordo.throttles.define({ name: 'quiet', concurrency: 5, lease: '1h' });
       const grantMany = () =>
-        raw.query(
+        pool.query(
           `SELECT count(*) FILTER (WHERE granted)::int AS n FROM ordo.acquire_all(
              (SELECT array_agg(i) FROM generate_series(1, 2000) AS i),
              array_fill('crowd'::text, ARRAY[2000]),
@@ -302,15 +305,15 @@ describe('plans that do not trust the size estimate of ordo.permits', () => {
       expect((await grantMany()).rows[0].n).toBe(2000);
       // What vacuum sees after a burst has come and gone: pages, and one live permit on the
       // last of them (so the table cannot be truncated): a density of nearly nothing.
-      await raw.query(`DELETE FROM ordo.permits WHERE name = 'crowd' AND key <> 'k2000'`);
-      await raw.query('VACUUM ordo.permits');
-      const { rows: estimate } = await raw.query(
+      await pool.query(`DELETE FROM ordo.permits WHERE name = 'crowd' AND key <> 'k2000'`);
+      await pool.query('VACUUM ordo.permits');
+      const { rows: estimate } = await pool.query(
         `SELECT reltuples, relpages FROM pg_class WHERE oid = 'ordo.permits'::regclass`,
       );
       expect(estimate[0].reltuples).toBeLessThan(10);
       expect(estimate[0].relpages).toBeGreaterThan(5);
       // A new burst: 2,000 live permits the estimate knows nothing of.
-      await raw.query(`DELETE FROM ordo.throttle_state WHERE name = 'crowd'`);
+      await pool.query(`DELETE FROM ordo.throttle_state WHERE name = 'crowd'`);
       expect((await grantMany()).rows[0].n).toBe(2000);
       // A connection that plans the decision's statements now, with that estimate.
       const decide = async () => {
@@ -328,6 +331,7 @@ describe('plans that do not trust the size estimate of ordo.permits', () => {
     } finally {
       fresh.release();
       await ordo.close();
+      await own.drop();
     }
   });
 });
