@@ -173,6 +173,19 @@ export async function openPool(url: string, max: number, applicationName: string
   return pool;
 }
 
+/**
+ * A session idle in a transaction that holds an id, as a forgotten psql leaves one: until it
+ * ends, nothing written after it began can be vacuumed away, and it is in every snapshot.
+ */
+export async function forgottenSession(url: string, applicationName: string): Promise<pg.Client> {
+  const client = new pg.Client({ connectionString: url, application_name: applicationName });
+  client.on('error', () => undefined);
+  await client.connect();
+  await client.query('BEGIN');
+  await client.query('SELECT pg_current_xact_id()');
+  return client;
+}
+
 export interface QueryCounter {
   readonly count: number;
   reset(): void;

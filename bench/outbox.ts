@@ -7,6 +7,7 @@ import { createOrdo, type Ordo, type OutboxMessage, type Subscription } from '..
 import {
   type BenchContext,
   fmt,
+  forgottenSession,
   interleave,
   type LoadResult,
   openPool,
@@ -518,10 +519,8 @@ async function steadyLatency(
   idle: boolean,
 ): Promise<LatencyRow> {
   const topic = idle ? 'bench-latency-idle' : 'bench-latency';
-  // A session idle in a transaction that holds an id, open for the whole run (a forgotten psql).
-  const forgotten = idle ? await connect(ctx.url, 'forgotten-psql') : undefined;
-  await forgotten?.query('BEGIN');
-  await forgotten?.query('SELECT pg_current_xact_id()');
+  // Open for the whole run.
+  const forgotten = idle ? await forgottenSession(ctx.url, `${APP}-forgotten-psql`) : undefined;
   const consumer = await ordoOn(ctx, 4, 'latency-consumer');
   const producers = await Promise.all(
     Array.from({ length: RATE_CONNECTIONS }, (_, i) => connect(ctx.url, `latency-${i}`)),

@@ -7,6 +7,7 @@ import {
   type BenchContext,
   countQueries,
   fmt,
+  forgottenSession,
   interleave,
   type LoadResult,
   openPool,
@@ -367,15 +368,8 @@ async function idleTable(ctx: BenchContext, ordo: Ordo, limiter: RateLimiterPost
   const rows: string[][] = [];
   for (const [label, op] of Object.entries(ops)) {
     ctx.signal.throwIfAborted();
-    const forgotten = new pg.Client({
-      connectionString: ctx.url,
-      application_name: 'ordo-bench-forgotten-psql',
-    });
-    forgotten.on('error', () => undefined);
-    await forgotten.connect();
+    const forgotten = await forgottenSession(ctx.url, 'ordo-bench-forgotten-psql');
     try {
-      await forgotten.query('BEGIN');
-      await forgotten.query('SELECT pg_current_xact_id()');
       const start = performance.now();
       const until = start + seconds * 1000;
       const ends: number[] = [];

@@ -8,8 +8,8 @@ import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { migrate } from '../src/db/migrations.js';
 import { createOrdo, type Ordo } from '../src/index.js';
-import type { AcquireResult, Permit } from '../src/throttles/permit.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { granted } from './support/permits.js';
 
 let db: TestDatabase;
 let raw: pg.Pool;
@@ -75,11 +75,6 @@ async function unitsAfterDecision(pool: pg.Pool, name: string, key: string): Pro
     await client.query('ROLLBACK');
     client.release();
   }
-}
-
-function granted(r: AcquireResult): Permit {
-  expect(r.granted, JSON.stringify(r)).toBe(true);
-  return r as Permit;
 }
 
 describe('live units kept in the key', () => {

@@ -10,6 +10,7 @@ import { MAX_DURATION_MS, MAX_LIMIT } from '../src/throttles/definitions.js';
 import type { AcquireResult, Permit, Refusal } from '../src/throttles/permit.js';
 import type { AcquireOptions } from '../src/throttles/throttles.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { granted } from './support/permits.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -24,11 +25,6 @@ afterAll(async () => {
   await ordo?.close();
   await db?.drop();
 });
-
-function granted(r: AcquireResult): Permit {
-  expect(r.granted, JSON.stringify(r)).toBe(true);
-  return r as Permit;
-}
 
 function refused(r: AcquireResult, reason?: Refusal['reason']): Refusal {
   expect(r.granted, JSON.stringify(r)).toBe(false);
