@@ -22,6 +22,8 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  *
  *   npx tsx bench/instructions.ts [scenario …]   (default: throttle:16 throttle:1 append:1 append:10 take)
  *   PG_BIN=/usr/lib/postgresql/15/bin npx tsx bench/instructions.ts …   (that PostgreSQL's programs)
+ *   EXTRA_SQL='CREATE OR REPLACE FUNCTION …' npx tsx bench/instructions.ts …   (run after the set-up:
+ *     an A/B of a change to one of ordo's functions without a migration)
  *
  * throttle:N  N acquires on random keys of 1,000 through throttle_batch (the statement the
  *             library's batcher sends), then the completions of the permits granted; a rate
@@ -29,6 +31,8 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  * append:N    append_answer of N messages (what outbox.append() sends), beside the INSERT of
  *             the outbox bench's plain table
  * take        take_value() of one counter, beside the bench's hand-written upsert
+ * attach      an INSERT of one row into a table numbered at commit (sequences.attach()), beside
+ *             the same INSERT into a table with no number: the difference is numbering at commit
  */
 /**
  * Each statement as the library (or the bench it is compared with) sends it, and what
@@ -101,6 +105,13 @@ const take: Scenario = {
   },
 };
 
+const insertInto = (table: string) =>
+  counted(`WITH i AS (INSERT INTO ${table} (number, payload) VALUES (NULL, 'x') RETURNING id) SELECT count(*) FROM i`, 1);
+const attach: Scenario = {
+  name: 'attach',
+  statements: { 'INSERT, numbered at commit': insertInto('numbered'), 'INSERT, no number': insertInto('unnumbered') },
+};
+
 function scenario(spec: string): Scenario {
   const [kind, size] = spec.split(':');
   const n = Number(size ?? 1);
@@ -109,7 +120,8 @@ function scenario(spec: string): Scenario {
   if (kind === 'throttle') return throttle(n);
   if (kind === 'append') return append(n);
   if (kind === 'take' && size === undefined) return take;
-  throw new Error(`${spec}: a scenario is throttle:N, append:N or take`);
+  if (kind === 'attach' && size === undefined) return attach;
+  throw new Error(`${spec}: a scenario is throttle:N, append:N, take or attach`);
 }
 
 let scenarios: Scenario[];
@@ -131,10 +143,15 @@ try {
   const ordo = await createOrdo({ databaseUrl: server.url });
   await ordo.throttles.define({ name: 't', limit: 1_000_000, per: '1s', lease: '1h' });
   await ordo.sequences.define({ name: 'daily', reset: 'day' });
+  await ordo.sequences.define({ name: 'at_commit' });
   const client = new pg.Client({ connectionString: server.url });
   await client.connect();
   await client.query(PLAIN_DDL);
   await client.query(COUNTERS_DDL);
+  await client.query(`CREATE TABLE numbered (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, number bigint, payload text NOT NULL);
+    CREATE TABLE unnumbered (LIKE numbered INCLUDING ALL)`);
+  await ordo.sequences.attach('at_commit', { table: 'numbered', column: 'number' });
+  if (process.env.EXTRA_SQL) await client.query(process.env.EXTRA_SQL);
   await client.query('SELECT setseed(0.25)');
   // Every key of the throttle used once, so that no count depends on which keys its draws met
   // first; then plans and tables as a running system has them.
