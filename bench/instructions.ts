@@ -106,10 +106,16 @@ const take: Scenario = {
 };
 
 const insertInto = (table: string) =>
-  counted(`WITH i AS (INSERT INTO ${table} (number, payload) VALUES (NULL, 'x') RETURNING id) SELECT count(*) FROM i`, 1);
+  counted(
+    `WITH i AS (INSERT INTO ${table} (number, payload) VALUES (NULL, 'x') RETURNING id) SELECT count(*) FROM i`,
+    1,
+  );
 const attach: Scenario = {
   name: 'attach',
-  statements: { 'INSERT, numbered at commit': insertInto('numbered'), 'INSERT, no number': insertInto('unnumbered') },
+  statements: {
+    'INSERT, numbered at commit': insertInto('numbered'),
+    'INSERT, no number': insertInto('unnumbered'),
+  },
 };
 
 function scenario(spec: string): Scenario {
