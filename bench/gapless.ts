@@ -32,6 +32,10 @@ const KEY_COUNT = 64;
 const DAILY = 'bench_invoice';
 
 /** (b)'s counters, and its hand-written take: bench/take-cpu.ts and bench/instructions.ts run them too. */
+/** The business table of (e)–(g): a row per transaction, its number null until numbered. */
+export const workTable = (name: string) =>
+  `CREATE TABLE ${name} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, number bigint, payload text NOT NULL);`;
+
 export const COUNTERS_DDL = `CREATE TABLE bench_counters (
   scope text NOT NULL, day date NOT NULL, value bigint NOT NULL, PRIMARY KEY (scope, day));`;
 export const UPSERT = `INSERT INTO bench_counters AS c (scope, day, value) VALUES ($1, current_date, 1)
@@ -152,7 +156,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
       CREATE TABLE bench_orm_counters (
         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         scope text NOT NULL, day date NOT NULL, value bigint NOT NULL, UNIQUE (scope, day));
-      CREATE TABLE bench_work_e (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, number bigint, payload text NOT NULL);
+      ${workTable('bench_work_e')}
       CREATE TABLE bench_work_f (LIKE bench_work_e INCLUDING ALL);
       CREATE TABLE bench_work_g (LIKE bench_work_e INCLUDING ALL);`);
     await ordo.sequences.attach(AT_COMMIT, { table: 'bench_work_e', column: 'number' });

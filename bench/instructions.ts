@@ -8,7 +8,7 @@ import { embeddedPostgres, startEmbedded } from '../src/db/embedded.js';
 import { createOrdo } from '../src/index.js';
 import { outboxPlans } from '../src/outbox/plans.js';
 import { sequencePlans } from '../src/sequences/plans.js';
-import { COUNTERS_DDL, UPSERT } from './gapless.js';
+import { COUNTERS_DDL, UPSERT, workTable } from './gapless.js';
 import { inline } from './harness.js';
 import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
 
@@ -154,8 +154,7 @@ try {
   await client.connect();
   await client.query(PLAIN_DDL);
   await client.query(COUNTERS_DDL);
-  await client.query(`CREATE TABLE numbered (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, number bigint, payload text NOT NULL);
-    CREATE TABLE unnumbered (LIKE numbered INCLUDING ALL)`);
+  await client.query(`${workTable('numbered')} CREATE TABLE unnumbered (LIKE numbered INCLUDING ALL)`);
   await ordo.sequences.attach('at_commit', { table: 'numbered', column: 'number' });
   if (process.env.EXTRA_SQL) await client.query(process.env.EXTRA_SQL);
   await client.query('SELECT setseed(0.25)');
