@@ -10,27 +10,30 @@
 -- Measured on PostgreSQL 18 (32 callers, acquire + complete on 1,000 keys, vacuum every
 -- second): 3,500 to 3,800 decisions a second on connections that had served one hot key right
 -- after the table was emptied, 6,400 to 8,600 on the same connections after DISCARD PLANS, or
--- on new ones; with this migration, 7,500 to 8,800 on the first. Production meets this after
+-- on new ones; with this migration, 8,200 to 8,500 on the first. Production meets this after
 -- any quiet spell or burst: connections that plan at the wrong moment stay slow until they
--- close. `npm run bench -- throttles` (the 1,000 keys and the composite acquire run after the
--- hot key, on the same connections): 1,000 keys 0.58x -> 0.77x RateLimiterPostgres and the
--- composite 0.88x -> 1.27x two single acquires on the embedded PostgreSQL 18; 0.49x -> 0.83x and
--- 1.15x -> 1.27x on 15. On plans made while the estimate was right, the per-key lookups cost
--- more than the join did: a batch of 16 acquires and completes on a fresh table counts 6%
--- more instructions (`npx tsx bench/instructions.ts throttle:16`: 10.93 -> 11.58 million on
--- PostgreSQL 18, 10.46 -> 11.11 on 15), the price of plans that stay right.
+-- close. `npm run bench -- throttles` runs 1,000 keys and the composite acquire on the
+-- connections the hot key used: on the embedded PostgreSQL 18, 1,000 keys 0.58x -> 0.73-0.74x
+-- RateLimiterPostgres and the composite 0.88x -> 1.10-1.19x two single acquires; on 15,
+-- 0.49x -> 0.77x and 1.15x -> 1.08x (one run each side of the change on 15).
 --
--- Now each key's permits are looked up per key, in a LATERAL subquery the planner may not
--- flatten (so the key list is always the outer side), and deleted or marked by their row ids;
--- the expiry test of complete, fail and extend is kept out of index conditions, so that only
--- an index on id serves them. That index replaces the primary key (id, name, key): PostgreSQL
--- 18 skip-scans an index over its leading column, and under a near-empty estimate it read a
--- key's permits through the primary key's name and key as readily as through permits_by_key,
--- visiting every id. A permit's id is drawn by gen_random_uuid() and shared only by the rows
--- of one composite permit (one per limit), so nothing relied on the constraint; REPLICA
--- IDENTITY FULL keeps the table's updates and deletes publishable where a publication covers
--- every table (it writes the old row only when wal_level is logical). Answers and locks are
--- unchanged.
+-- Now the fold reads the locked keys' permits in one scan of permits_by_key by their names
+-- and keys (= ANY of each), with no join to turn round, and keeps those of the keys
+-- themselves, not of the other combinations of names and keys; a refusal's earliest end is
+-- looked up per key, in a LATERAL subquery the planner may not flatten. The expiry test of
+-- complete, fail and extend is kept out of index conditions, so that only an index on id
+-- serves them. That index replaces the primary key (id, name, key): PostgreSQL 18 skip-scans
+-- an index over its leading column, and under a near-empty estimate it read a key's permits
+-- through the primary key's name and key as readily as through permits_by_key, visiting every
+-- id. A permit's id is drawn by gen_random_uuid() and shared only by the rows of one composite
+-- permit (one per limit), so nothing relied on the constraint; REPLICA IDENTITY FULL keeps the
+-- table's updates and deletes publishable where a publication covers every table (it writes
+-- the old row only when wal_level is logical). Answers and locks are unchanged.
+--
+-- On plans made while the estimate was right, a batch of 16 acquires and completes on a fresh
+-- table counts 1 to 2% more instructions (`npx tsx bench/instructions.ts throttle:16`: 10.93 ->
+-- 11.19 million on PostgreSQL 18, 10.46 -> 10.59 on 15); per-key LATERAL lookups of every
+-- statement, tried first, cost 6%.
 --
 -- Custom SQLSTATEs: none new.
 
@@ -38,7 +41,7 @@ ALTER TABLE {{schema}}.permits DROP CONSTRAINT permits_pkey;
 CREATE INDEX permits_by_id ON {{schema}}.permits (id);
 ALTER TABLE {{schema}}.permits REPLICA IDENTITY FULL;
 
--- 0033's, each key's permits looked up by the key.
+-- 0033's, each key's permits read by the keys' names and keys.
 CREATE OR REPLACE FUNCTION {{schema}}.throttle_fold(ks {{schema}}.throttle_key[])
 RETURNS {{schema}}.throttle_key[]
 LANGUAGE plpgsql VOLATILE
@@ -55,11 +58,13 @@ DECLARE
   c timestamptz := clock_timestamp();
   locked integer[];
   no_room integer[];          -- locked keys whose concurrency limit their live units reach
-  -- The locked keys' names, keys and decision instants, in the order of locked: read in the
-  -- statements below as columns, not as fields of ks's elements (each of which copies one).
+  -- The locked keys, in the order of locked: names and keys for the index, each name and key
+  -- joined by chr(31) (which no name holds) to tell a key's permits from the combinations'.
   l_names text[];
   l_keys text[];
+  l_pairs text[];
   l_c timestamptz[];
+  l_swept timestamptz[];
 BEGIN
   locked := '{}';
   FOR i IN 1..coalesce(cardinality(ks), 0) LOOP
@@ -90,28 +95,23 @@ BEGIN
     ks[g] := k;
     l_names := l_names || k.name;
     l_keys := l_keys || k.key;
+    l_pairs := l_pairs || (k.name || chr(31) || k.key);
     l_c := l_c || k.c;
+    l_swept := l_swept || coalesce(k.swept_until, '-infinity');
   END LOOP;
 
-  -- Each key's permits are looked up by the key (LATERAL, OFFSET 0 so that the planner cannot
-  -- flatten it into a join it would turn round), and deleted by their row ids: the keys are
-  -- locked, so nobody else changes their ended permits meanwhile.
+  -- The keys' permits are read by their names and keys alone, in one scan with no join: a
+  -- plan the planner cannot turn round, whatever it thinks the table holds.
   FOR r IN
     WITH gone AS (
       DELETE FROM {{schema}}.permits AS p
-       WHERE p.ctid = ANY (ARRAY(
-               SELECT x.ctid FROM unnest(l_names, l_keys, l_c) AS u(n, k, c)
-               CROSS JOIN LATERAL (
-                 SELECT q.ctid FROM {{schema}}.permits AS q
-                  WHERE q.name = u.n AND q.key = u.k AND q.ended_at IS NOT NULL
-                    AND (q.outcome <> 'expired' OR q.ended_at < u.c - interval '1 day')
-                 OFFSET 0) AS x))
-      RETURNING p.name, p.key, p.id, p.incarnation, p.acquired_at, p.ended_at, p.outcome, p.error, p.refund,
-                p.every_before, p.rate_cost, p.hold_until, p.cost)
-    SELECT u.g, gone.* FROM gone
-     CROSS JOIN LATERAL (SELECT v.g FROM unnest(locked, l_names, l_keys) AS v(g, n, k)
-                          WHERE v.n = gone.name AND v.k = gone.key) AS u
-     ORDER BY u.g, gone.acquired_at DESC
+       WHERE p.name = ANY (l_names) AND p.key = ANY (l_keys) AND p.ended_at IS NOT NULL
+         AND array_position(l_pairs, p.name || chr(31) || p.key) IS NOT NULL
+         AND (p.outcome <> 'expired'
+              OR p.ended_at < l_c[array_position(l_pairs, p.name || chr(31) || p.key)] - interval '1 day')
+      RETURNING array_position(l_pairs, p.name || chr(31) || p.key) AS i, p.id, p.incarnation, p.acquired_at,
+                p.ended_at, p.outcome, p.error, p.refund, p.every_before, p.rate_cost, p.hold_until, p.cost)
+    SELECT locked[gone.i] AS g, gone.* FROM gone ORDER BY gone.i, gone.acquired_at DESC
   LOOP
     k := ks[r.g];
     CONTINUE WHEN r.incarnation <> k.incarnation;
@@ -136,23 +136,16 @@ BEGIN
     ks[r.g] := k;
   END LOOP;
 
-  -- Likewise, as of each key's instant now (an end folded above may have moved it); a permit
-  -- ended or extended meanwhile is a new row version, not among these ids, and is left as it is.
+  -- Likewise, as of each key's instant now (an end folded above may have moved it).
+  FOR i IN 1..cardinality(locked) LOOP
+    l_c[i] := (ks[locked[i]]).c;
+  END LOOP;
   FOR r IN
-    WITH swept AS (
-      UPDATE {{schema}}.permits AS p SET ended_at = p.expires_at, outcome = 'expired'
-       WHERE p.ctid = ANY (ARRAY(
-               SELECT x.ctid FROM unnest(locked, l_names, l_keys) AS u(g, n, k)
-               CROSS JOIN LATERAL (
-                 SELECT q.ctid FROM {{schema}}.permits AS q
-                  WHERE q.name = u.n AND q.key = u.k AND q.ended_at IS NULL
-                    AND q.expires_at > coalesce((ks[u.g]).swept_until, '-infinity') AND q.expires_at <= (ks[u.g]).c
-                 OFFSET 0) AS x))
-         AND p.ended_at IS NULL
-      RETURNING p.name, p.key, p.id, p.incarnation, p.ended_at, p.cost)
-    SELECT u.g, swept.* FROM swept
-     CROSS JOIN LATERAL (SELECT v.g FROM unnest(locked, l_names, l_keys) AS v(g, n, k)
-                          WHERE v.n = swept.name AND v.k = swept.key) AS u
+    UPDATE {{schema}}.permits AS p SET ended_at = p.expires_at, outcome = 'expired'
+     WHERE p.name = ANY (l_names) AND p.key = ANY (l_keys) AND p.ended_at IS NULL
+       AND p.expires_at > l_swept[array_position(l_pairs, p.name || chr(31) || p.key)]
+       AND p.expires_at <= l_c[array_position(l_pairs, p.name || chr(31) || p.key)]
+    RETURNING locked[array_position(l_pairs, p.name || chr(31) || p.key)] AS g, p.id, p.incarnation, p.ended_at, p.cost
   LOOP
     k := ks[r.g];
     CONTINUE WHEN r.incarnation <> k.incarnation;
@@ -188,6 +181,7 @@ BEGIN
   END IF;
   RETURN ks;
 END $$;
+
 
 -- 0010's, the permit found by its id only.
 CREATE OR REPLACE FUNCTION {{schema}}.complete_permits(ids uuid[])
