@@ -31,11 +31,11 @@ const CALLERS = 64;
 const KEY_COUNT = 64;
 const DAILY = 'bench_invoice';
 
-/** (b)'s counters, and its hand-written take: bench/take-cpu.ts and bench/instructions.ts run them too. */
 /** The business table of (e)–(g): a row per transaction, its number null until numbered. */
 export const workTable = (name: string) =>
   `CREATE TABLE ${name} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, number bigint, payload text NOT NULL);`;
 
+/** (b)'s counters, and its hand-written take: bench/take-cpu.ts and bench/instructions.ts run them too. */
 export const COUNTERS_DDL = `CREATE TABLE bench_counters (
   scope text NOT NULL, day date NOT NULL, value bigint NOT NULL, PRIMARY KEY (scope, day));`;
 export const UPSERT = `INSERT INTO bench_counters AS c (scope, day, value) VALUES ($1, current_date, 1)

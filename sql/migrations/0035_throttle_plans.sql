@@ -41,6 +41,13 @@ ALTER TABLE {{schema}}.permits DROP CONSTRAINT permits_pkey;
 CREATE INDEX permits_by_id ON {{schema}}.permits (id);
 ALTER TABLE {{schema}}.permits REPLICA IDENTITY FULL;
 
+-- A throttle key as one text: its name and key joined by chr(31), which no name holds. Inlined
+-- into the plans that use it.
+CREATE FUNCTION {{schema}}.throttle_pair(throttle_name text, throttle_key text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT throttle_name || chr(31) || throttle_key
+$$;
+
 -- 0033's, each key's permits read by the keys' names and keys.
 CREATE OR REPLACE FUNCTION {{schema}}.throttle_fold(ks {{schema}}.throttle_key[])
 RETURNS {{schema}}.throttle_key[]
@@ -58,8 +65,8 @@ DECLARE
   c timestamptz := clock_timestamp();
   locked integer[];
   no_room integer[];          -- locked keys whose concurrency limit their live units reach
-  -- The locked keys, in the order of locked: names and keys for the index, each name and key
-  -- joined by chr(31) (which no name holds) to tell a key's permits from the combinations'.
+  -- The locked keys, in the order of locked: names and keys for the index, and pairs
+  -- (throttle_pair) to tell a key's permits from those of the other combinations.
   l_names text[];
   l_keys text[];
   l_pairs text[];
@@ -95,7 +102,7 @@ BEGIN
     ks[g] := k;
     l_names := l_names || k.name;
     l_keys := l_keys || k.key;
-    l_pairs := l_pairs || (k.name || chr(31) || k.key);
+    l_pairs := l_pairs || {{schema}}.throttle_pair(k.name, k.key);
     l_c := l_c || k.c;
     l_swept := l_swept || coalesce(k.swept_until, '-infinity');
   END LOOP;
@@ -106,10 +113,10 @@ BEGIN
     WITH gone AS (
       DELETE FROM {{schema}}.permits AS p
        WHERE p.name = ANY (l_names) AND p.key = ANY (l_keys) AND p.ended_at IS NOT NULL
-         AND array_position(l_pairs, p.name || chr(31) || p.key) IS NOT NULL
+         AND array_position(l_pairs, {{schema}}.throttle_pair(p.name, p.key)) IS NOT NULL
          AND (p.outcome <> 'expired'
-              OR p.ended_at < l_c[array_position(l_pairs, p.name || chr(31) || p.key)] - interval '1 day')
-      RETURNING array_position(l_pairs, p.name || chr(31) || p.key) AS i, p.id, p.incarnation, p.acquired_at,
+              OR p.ended_at < l_c[array_position(l_pairs, {{schema}}.throttle_pair(p.name, p.key))] - interval '1 day')
+      RETURNING array_position(l_pairs, {{schema}}.throttle_pair(p.name, p.key)) AS i, p.id, p.incarnation, p.acquired_at,
                 p.ended_at, p.outcome, p.error, p.refund, p.every_before, p.rate_cost, p.hold_until, p.cost)
     SELECT locked[gone.i] AS g, gone.* FROM gone ORDER BY gone.i, gone.acquired_at DESC
   LOOP
@@ -143,9 +150,9 @@ BEGIN
   FOR r IN
     UPDATE {{schema}}.permits AS p SET ended_at = p.expires_at, outcome = 'expired'
      WHERE p.name = ANY (l_names) AND p.key = ANY (l_keys) AND p.ended_at IS NULL
-       AND p.expires_at > l_swept[array_position(l_pairs, p.name || chr(31) || p.key)]
-       AND p.expires_at <= l_c[array_position(l_pairs, p.name || chr(31) || p.key)]
-    RETURNING locked[array_position(l_pairs, p.name || chr(31) || p.key)] AS g, p.id, p.incarnation, p.ended_at, p.cost
+       AND p.expires_at > l_swept[array_position(l_pairs, {{schema}}.throttle_pair(p.name, p.key))]
+       AND p.expires_at <= l_c[array_position(l_pairs, {{schema}}.throttle_pair(p.name, p.key))]
+    RETURNING locked[array_position(l_pairs, {{schema}}.throttle_pair(p.name, p.key))] AS g, p.id, p.incarnation, p.ended_at, p.cost
   LOOP
     k := ks[r.g];
     CONTINUE WHEN r.incarnation <> k.incarnation;
