@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { createReadStream } from 'node:fs';
-import { chmod, chown, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, chown, copyFile, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
@@ -24,10 +24,13 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  *   PG_BIN=/usr/lib/postgresql/15/bin npx tsx bench/instructions.ts …   (that PostgreSQL's programs)
  *   EXTRA_SQL='CREATE OR REPLACE FUNCTION …' npx tsx bench/instructions.ts …   (run after the set-up:
  *     an A/B of a change to one of ordo's functions without a migration)
+ *   KEEP_CALLGRIND=/some/dir npx tsx bench/instructions.ts …   (callgrind's files kept there, for
+ *     callgrind_annotate: where a statement's instructions go)
  *
  * throttle:N  N acquires on random keys of 1,000 through throttle_batch (the statement the
  *             library's batcher sends), then the completions of the permits granted; a rate
  *             limit only (no concurrency, so no count of live permits)
+ * throttle-hot:N  the same, every acquire on one key
  * append:N    append_answer of N messages (what outbox.append() sends), beside the INSERT of
  *             the outbox bench's plain table
  * take        take_value() of one counter, beside the bench's hand-written upsert
@@ -49,13 +52,15 @@ const throttleBatch = (n: number, keys: string) =>
      (SELECT array_agg(i) FROM generate_series(1, ${n}) AS i), array_fill('t'::text, ARRAY[${n}]), ${keys},
      array_fill(1, ARRAY[${n}]), array_fill(NULL::text, ARRAY[${n}])) AS b), '{}', '{}', '{}', '{}', '{}')`;
 
-const throttle = (n: number): Scenario => ({
-  name: `throttle:${n}`,
+const throttle = (n: number, hot: boolean): Scenario => ({
+  name: `throttle${hot ? '-hot' : ''}:${n}`,
   statements: {
     [`${n} acquires + completes`]: counted(
       throttleBatch(
         n,
-        `(SELECT array_agg('k' || floor(random() * 1000)::int) FROM generate_series(1, ${n}))`,
+        hot
+          ? `array_fill('hot'::text, ARRAY[${n}])`
+          : `(SELECT array_agg('k' || floor(random() * 1000)::int) FROM generate_series(1, ${n}))`,
       ),
       n,
     ),
@@ -123,11 +128,11 @@ function scenario(spec: string): Scenario {
   const n = Number(size ?? 1);
   if (!Number.isInteger(n) || n < 1 || n > 1000)
     throw new Error(`${spec}: a size is a whole number from 1 to 1000`);
-  if (kind === 'throttle') return throttle(n);
+  if (kind === 'throttle' || kind === 'throttle-hot') return throttle(n, kind === 'throttle-hot');
   if (kind === 'append') return append(n);
   if (kind === 'take' && size === undefined) return take;
   if (kind === 'attach' && size === undefined) return attach;
-  throw new Error(`${spec}: a scenario is throttle:N, append:N, take or attach`);
+  throw new Error(`${spec}: a scenario is throttle:N, throttle-hot:N, append:N, take or attach`);
 }
 
 let scenarios: Scenario[];
@@ -212,6 +217,8 @@ try {
     if (answered !== iterations || /ERROR/.test(stdout + stderr)) {
       throw new Error(`${answered} of ${iterations} statements answered:\n${(stdout + stderr).slice(-2000)}`);
     }
+    if (process.env.KEEP_CALLGRIND)
+      await copyFile(out, join(process.env.KEEP_CALLGRIND, `${runs}-${iterations}.out`));
     const collected = /Collected\s*:\s*([\d,]+)/.exec(stderr);
     if (!collected) throw new Error(`callgrind printed no count:\n${stderr.slice(-2000)}`);
     return Number(collected[1]!.replaceAll(',', ''));
