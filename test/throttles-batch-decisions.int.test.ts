@@ -60,13 +60,19 @@ type Answer = {
   reason: string | null;
   limit_name: string | null;
   limit_key: string | null;
+  holder: string | null;
 };
 
-const DECIDE = `SELECT granted, reason, limit_name, limit_key
+const DECIDE = `SELECT granted, reason, limit_name, limit_key, holder, permit_id, acquired_at <= expires_at AS ordered
   FROM ordo.acquire_all($1::integer[], $2::text[], $3::text[], $4::integer[], $5::text[]) ORDER BY request`;
+/** Each permit's rows (one per item), with the holder and the instants each row has. */
+const PERMITS = `SELECT id, count(*)::integer AS rows, array_agg(DISTINCT holder) AS holders,
+    array_agg(DISTINCT (name, key)::text) AS items
+  FROM ordo.permits WHERE id = ANY ($1::uuid[]) GROUP BY id`;
 const STATE = `SELECT name, key, starts, tat, every_from, last_start FROM ordo.throttle_state ORDER BY name, key`;
 const LIVE = `SELECT name, key, sum(cost)::integer AS units FROM ordo.permits WHERE ended_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2`;
 
+/** Request r (from `first`) is held by `h<r>`. */
 function args(requests: Item[][], first = 1): unknown[] {
   const flat = requests.flatMap((items, r) => items.map((i) => ({ ...i, r: r + first })));
   return [
@@ -74,8 +80,41 @@ function args(requests: Item[][], first = 1): unknown[] {
     flat.map((i) => i.name),
     flat.map((i) => i.key),
     flat.map((i) => i.cost),
-    flat.map(() => 'test'),
+    flat.map((i) => `h${i.r}`),
   ];
+}
+
+/**
+ * The answers, each granted one checked against its permit's rows: one row per item of its
+ * request, all with its holder and no other request's id; then without the permit ids.
+ */
+async function answered(client: pg.PoolClient, requests: Item[][], first: number): Promise<Answer[]> {
+  const rows = (await client.query(DECIDE, args(requests, first))).rows;
+  const granted = rows.filter((a) => a.granted);
+  const permits = new Map(
+    (await client.query(PERMITS, [granted.map((a) => a.permit_id)])).rows.map((p) => [p.id, p]),
+  );
+  expect(new Set(granted.map((a) => a.permit_id)).size).toBe(granted.length);
+  for (const [i, a] of rows.entries()) {
+    const holder = `h${i + first}`;
+    if (!a.granted) {
+      expect([a.holder, a.permit_id, a.ordered]).toEqual([null, null, null]);
+      continue;
+    }
+    expect([a.holder, a.ordered]).toEqual([holder, true]);
+    expect(permits.get(a.permit_id)).toMatchObject({
+      rows: requests[i]!.length,
+      holders: [holder],
+      items: requests[i]!.map((item) => `(${item.name},${item.key})`).sort(),
+    });
+  }
+  return rows.map(({ granted, reason, limit_name, limit_key, holder }) => ({
+    granted,
+    reason,
+    limit_name,
+    limit_key,
+    holder,
+  }));
 }
 
 /** The answers, and what they left behind, of deciding `requests` one way; rolled back. */
@@ -85,11 +124,14 @@ async function decide(requests: Item[][], together: boolean): Promise<Outcome> {
     await client.query('BEGIN');
     const answers: Answer[] = [];
     try {
-      if (together) answers.push(...(await client.query(DECIDE, args(requests))).rows);
-      else for (const r of requests) answers.push(...(await client.query(DECIDE, args([r]))).rows);
+      if (together) answers.push(...(await answered(client, requests, 1)));
+      else for (const [i, r] of requests.entries()) answers.push(...(await answered(client, [r], i + 1)));
     } catch (e) {
-      // A cost above a key's limit fails the statement either way (none here: costs are at most 3).
-      return { error: (e as { code?: string }).code };
+      // A cost above a key's limit fails the statement either way (none here: costs are at most
+      // 3); a failed check of answered() is the test's failure, not an outcome to compare.
+      const code = (e as { code?: string }).code;
+      if (code === undefined) throw e;
+      return { error: code };
     }
     // Times differ by the milliseconds between the two runs: compared as whether they moved.
     const state = (await client.query(STATE)).rows.map((s) => ({
@@ -214,7 +256,16 @@ describe('a batch decided in one statement', () => {
     try {
       await client.query('BEGIN');
       const { rows } = await client.query(DECIDE, [[1], ['slots'], ['a'], [1], [null]]);
-      expect(rows).toEqual([{ granted: true, reason: null, limit_name: null, limit_key: null }]);
+      const [pid] = (await client.query('SELECT pg_backend_pid() AS pid')).rows.map((r) => r.pid);
+      expect(rows).toMatchObject([
+        {
+          granted: true,
+          reason: null,
+          limit_name: null,
+          limit_key: null,
+          holder: expect.stringMatching(`:${pid}$`),
+        },
+      ]);
     } finally {
       await client.query('ROLLBACK');
       client.release();
