@@ -1,0 +1,54 @@
+import pg from 'pg';
+import { createOrdo } from '../src/index.js';
+import { withScratchDatabase } from './cpu.js';
+
+/**
+ * Acquire + complete throughput of ordo alone: 32 callers on one pool of 32, for `seconds` after
+ * a second of warm-up, on one key or on keys drawn from `keys`; the ops per second and Node's
+ * share of a core. `npm run bench -- throttles` alternates ordo with RateLimiterPostgres on the
+ * same server, which moves each side's numbers with the other's (its tables, its vacuums); this
+ * is the A/B of a change to ordo's own statements on a quiet server. Two runs each way at least:
+ * on 2 shared cores a run moves by a tenth.
+ *
+ *   DATABASE_URL=… npx tsx bench/throttle-load.ts [keys] [seconds]   (default: 1 key, 8 s)
+ */
+const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+const KEYS = Number(process.argv[2] ?? 1);
+const SECONDS = Number(process.argv[3] ?? 8);
+const CALLERS = 32;
+
+await withScratchDatabase('ordo_throttle_load', url, async (target) => {
+  const pool = new pg.Pool({ connectionString: target, max: CALLERS });
+  // The scratch database is dropped WITH (FORCE) at the end: a connection still open then ends.
+  pool.on('error', () => undefined);
+  const ordo = await createOrdo({ pool });
+  await ordo.throttles.define({ name: 'load', limit: 1_000_000, per: '1s', lease: '1m' });
+  const key = () => (KEYS === 1 ? 'hot' : `k${Math.floor(Math.random() * KEYS)}`);
+  let ops = 0;
+  let stop = false;
+  const caller = async () => {
+    while (!stop) {
+      const permit = await ordo.throttles.acquire('load', { key: key() });
+      if (!permit.granted) throw new Error(`refused: ${permit.reason}`);
+      await permit.complete();
+      ops++;
+    }
+  };
+  const callers = Array.from({ length: CALLERS }, caller);
+  await new Promise((resolve) => setTimeout(resolve, 1000));
+  ops = 0;
+  const started = performance.now();
+  const cpu = process.cpuUsage();
+  await new Promise((resolve) => setTimeout(resolve, SECONDS * 1000));
+  const done = ops;
+  const seconds = (performance.now() - started) / 1000;
+  const used = process.cpuUsage(cpu);
+  stop = true;
+  await Promise.all(callers);
+  console.log(
+    `${KEYS === 1 ? 'one key' : `${KEYS} keys`}: ${Math.round(done / seconds)} acquire + complete a second; ` +
+      `Node ${((used.user + used.system) / 1e6 / seconds).toFixed(2)} of a core`,
+  );
+  await ordo.close();
+  await pool.end();
+});
