@@ -65,7 +65,7 @@ type Answer = {
 
 const DECIDE = `SELECT granted, reason, limit_name, limit_key, holder, permit_id, acquired_at <= expires_at AS ordered
   FROM ordo.acquire_all($1::integer[], $2::text[], $3::text[], $4::integer[], $5::text[]) ORDER BY request`;
-/** Each permit's rows (one per item), with the holder and the instants each row has. */
+/** Each permit's rows: how many (one per item), their holders and their (throttle, key) items. */
 const PERMITS = `SELECT id, count(*)::integer AS rows, array_agg(DISTINCT holder) AS holders,
     array_agg(DISTINCT (name, key)::text) AS items
   FROM ordo.permits WHERE id = ANY ($1::uuid[]) GROUP BY id`;
@@ -108,13 +108,7 @@ async function answered(client: pg.PoolClient, requests: Item[][], first: number
       items: requests[i]!.map((item) => `(${item.name},${item.key})`).sort(),
     });
   }
-  return rows.map(({ granted, reason, limit_name, limit_key, holder }) => ({
-    granted,
-    reason,
-    limit_name,
-    limit_key,
-    holder,
-  }));
+  return rows.map(({ permit_id: _id, ordered: _ordered, ...answer }) => answer);
 }
 
 /** The answers, and what they left behind, of deciding `requests` one way; rolled back. */
