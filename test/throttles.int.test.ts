@@ -366,7 +366,7 @@ describe('concurrency and leases', () => {
     await ordo.throttles.define({ name: 'pool', concurrency: 2, lease: '600ms' });
     const a = granted(await ordo.throttles.acquire('pool', { holder: 'worker-a' }));
     const b = granted(await ordo.throttles.acquire('pool', { holder: 'worker-b' }));
-    expect(ms(a.acquiredAt, a.expiresAt)).toBe(600);
+    expect(ms(a.acquiredAt, a.expiresAt!)).toBe(600);
     const full = refused(await ordo.throttles.acquire('pool'), 'concurrency');
     // The hint: until the earliest lease runs out, at most 100 ms.
     expect(full.retryAfterMs).toBeLessThanOrEqual(100);
@@ -383,8 +383,8 @@ describe('concurrency and leases', () => {
     expect(c).toBeDefined();
     // a's lease runs out, and the next start follows.
     const { permit: d } = await untilGranted('pool');
-    expect(d.acquiredAt.getTime()).toBeGreaterThanOrEqual(a.expiresAt.getTime());
-    expect(ms(a.expiresAt, d.acquiredAt)).toBeLessThan(500);
+    expect(d.acquiredAt.getTime()).toBeGreaterThanOrEqual(a.expiresAt!.getTime());
+    expect(ms(a.expiresAt!, d.acquiredAt)).toBeLessThan(500);
     const state = await ordo.throttles.state('pool');
     expect(state.running.map((p) => p.id).sort()).toEqual([c!.id, d.id].sort());
     // b completed earlier, a's end (its expiry) is the latest end.
@@ -402,7 +402,7 @@ describe('concurrency and leases', () => {
   it('an expiry is seen by state() before any decision records it', async () => {
     await ordo.throttles.define({ name: 'lazy', concurrency: 1, lease: '150ms' });
     const a = granted(await ordo.throttles.acquire('lazy', { key: 'k' }));
-    await sleep(ms(a.acquiredAt, a.expiresAt) + 100);
+    await sleep(ms(a.acquiredAt, a.expiresAt!) + 100);
     const state = await ordo.throttles.state('lazy', 'k');
     expect(state).toMatchObject({ lastOutcome: 'expired', lastPermitId: a.id, running: [] });
     expect(state.lastEndAt).toEqual(a.expiresAt);
@@ -411,7 +411,7 @@ describe('concurrency and leases', () => {
   it('extend() renews the lease from the database clock; an extended permit keeps counting', async () => {
     await ordo.throttles.define({ name: 'extend', concurrency: 1, lease: '2s' });
     const a = granted(await ordo.throttles.acquire('extend'));
-    const first = a.expiresAt;
+    const first = a.expiresAt!;
     await sleep(800);
     const until = await a.extend();
     expect(until.getTime()).toBeGreaterThan(first.getTime());
@@ -534,7 +534,7 @@ describe('run()', () => {
     const result = await ordo.throttles.run('long', async ({ permit }) => {
       await sleep(1200);
       blocked = await ordo.throttles.acquire('long');
-      return permit.expiresAt.getTime() - permit.acquiredAt.getTime();
+      return permit.expiresAt!.getTime() - permit.acquiredAt.getTime();
     });
     refused(blocked!, 'concurrency');
     // Extended several times: its expiry moved well past the first lease.

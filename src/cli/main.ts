@@ -332,7 +332,7 @@ const COMMANDS: Record<string, Command> = {
             every: t.everyMs === null ? '' : formatDuration(t.everyMs),
             rate: t.limit === null || t.perMs === null ? '' : `${t.limit}/${formatDuration(t.perMs)}`,
             concurrency: t.concurrency ?? '',
-            lease: formatDuration(t.leaseMs),
+            lease: t.leaseMs === null ? 'no permits' : formatDuration(t.leaseMs),
             'refund on failure': t.refundOnFailure ? 'yes' : 'no',
             running: permits.filter((p) => p.name === t.name).length,
             'paused until': t.pausedUntil?.toISOString() ?? '',

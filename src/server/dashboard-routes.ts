@@ -149,7 +149,8 @@ const THROTTLE = obj({
   limit: NULLABLE_INT,
   perMs: NULLABLE_INT,
   concurrency: NULLABLE_INT,
-  leaseMs: INT,
+  permits: { type: 'boolean' },
+  leaseMs: NULLABLE_INT,
   refundOnFailure: { type: 'boolean' },
   pausedUntil: NULLABLE_DATE,
   running: {

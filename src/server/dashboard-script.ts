@@ -311,8 +311,11 @@ export const DASHBOARD_SCRIPT = String.raw`'use strict';
     if (t.limit !== null) parts.push(num(t.limit) + ' starts per ' + duration(t.perMs));
     if (t.concurrency !== null) parts.push('at most ' + num(t.concurrency) + ' running');
     parts.push('per key');
-    parts.push('lease ' + duration(t.leaseMs));
-    parts.push(t.refundOnFailure ? 'a failure gives its start back' : 'a failure counts');
+    if (t.leaseMs === null) parts.push('starts only, no permits');
+    else {
+      parts.push('lease ' + duration(t.leaseMs));
+      parts.push(t.refundOnFailure ? 'a failure gives its start back' : 'a failure counts');
+    }
     return parts.join(' \u00b7 ');
   }
 

@@ -63,7 +63,8 @@ const DEFINITION = {
     limit: { type: ['integer', 'null'] },
     perMs: { type: ['integer', 'null'] },
     concurrency: { type: ['integer', 'null'] },
-    leaseMs: { type: 'integer' },
+    permits: { type: 'boolean' },
+    leaseMs: { type: ['integer', 'null'] },
     refundOnFailure: { type: 'boolean' },
     pausedUntil: { anyOf: [DATE, { type: 'null' }] },
     createdAt: DATE,
@@ -79,6 +80,11 @@ const DEFINE_BODY = {
     per: DURATION,
     concurrency: { type: 'integer', minimum: 1, maximum: MAX_LIMIT },
     lease: DURATION,
+    permits: {
+      type: 'boolean',
+      description:
+        'false: a grant is a start only, with no permit stored (no lease, outcome or refund); default true',
+    },
     refundOnFailure: { type: 'boolean' },
     ifNotExists: { type: 'boolean' },
     overwrite: { type: 'boolean' },
@@ -100,6 +106,10 @@ const PERMIT = {
   properties: {
     granted: { type: 'boolean' },
     ...RUNNING.properties,
+    expiresAt: {
+      ...NULLABLE_DATE,
+      description: 'null: a start of a throttle without permits, nothing to end',
+    },
     items: {
       type: 'array',
       items: {

@@ -21,6 +21,12 @@ export interface DefineThrottleOptions {
   concurrency?: number;
   /** How long a permit lives unless completed, failed or extended (default '5m'). */
   lease?: string | number;
+  /**
+   * false: a grant is a start and nothing more, with no permit stored: no lease, no outcome, no
+   * refund (a plain rate limiter, for every and limit/per only; about twice the decisions a
+   * second on many keys). Default true.
+   */
+  permits?: boolean;
   /** What fail() does when not told: give the start (and token) back so a retry may start at once. Default false. */
   refundOnFailure?: boolean;
   /** Return the existing definition instead of failing with throttle_exists. */
@@ -35,7 +41,10 @@ export interface ThrottleDefinition {
   limit: number | null;
   perMs: number | null;
   concurrency: number | null;
-  leaseMs: number;
+  /** Whether a grant is a permit with a lease and an outcome (false: a start only). */
+  permits: boolean;
+  /** A permit's lease; null without permits. */
+  leaseMs: number | null;
   refundOnFailure: boolean;
   /** Until when the whole throttle is paused (pause() without a key), or null. */
   pausedUntil: Date | null;
@@ -60,6 +69,7 @@ const DEFINE_KEYS = [
   'per',
   'concurrency',
   'lease',
+  'permits',
   'refundOnFailure',
   'ifNotExists',
   'overwrite',
@@ -90,14 +100,28 @@ export function validateThrottle(input: DefineThrottleOptions): ValidThrottle {
       `the throttle '${name}' needs at least one policy: every (one start per interval), limit with per (a token bucket) or concurrency`,
     );
   }
+  const permits = boolean('permits', o.permits ?? true);
+  const refundOnFailure = boolean('refundOnFailure', o.refundOnFailure ?? false);
+  if (!permits) {
+    const needsPermits = [
+      concurrency !== null && 'concurrency',
+      o.lease !== undefined && 'lease',
+      refundOnFailure && 'refundOnFailure',
+    ].filter(Boolean);
+    if (needsPermits.length > 0)
+      throw invalid(
+        `the throttle '${name}' grants no permits (permits: false), so it takes every and limit with per only, not ${needsPermits.join(' or ')}: these need a permit that lives until its task ends`,
+      );
+  }
   return {
     name,
     everyMs,
     limit,
     perMs,
     concurrency,
-    leaseMs: o.lease === undefined ? DEFAULT_LEASE_MS : duration('lease', o.lease),
-    refundOnFailure: boolean('refundOnFailure', o.refundOnFailure ?? false),
+    permits,
+    leaseMs: !permits ? null : o.lease === undefined ? DEFAULT_LEASE_MS : duration('lease', o.lease),
+    refundOnFailure,
     mode: overwrite ? 'overwrite' : ifNotExists ? 'if_not_exists' : 'create',
   };
 }
@@ -115,7 +139,8 @@ export function toThrottleDefinition(row: Record<string, any>): ThrottleDefiniti
     limit: n(row.rate_limit),
     perMs: n(row.per_ms),
     concurrency: n(row.concurrency),
-    leaseMs: Number(row.lease_ms),
+    permits: row.lease_ms !== null,
+    leaseMs: row.lease_ms === null ? null : Number(row.lease_ms),
     refundOnFailure: row.refund_on_failure,
     pausedUntil: row.paused_until ? new Date(row.paused_until) : null,
     createdAt: new Date(row.created_at),

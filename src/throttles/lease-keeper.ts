@@ -13,9 +13,12 @@ export class LeaseKeeper {
   #stopped = false;
   readonly #everyMs: number;
 
+  /** A start without a permit (expiresAt null) has no lease: nothing is kept, nothing is lost. */
   constructor(private readonly permit: Permit) {
-    const leaseMs = permit.expiresAt.getTime() - permit.acquiredAt.getTime();
-    this.#everyMs = Math.max(1, Math.floor(leaseMs / 3));
+    const leaseMs =
+      permit.expiresAt === null ? null : permit.expiresAt.getTime() - permit.acquiredAt.getTime();
+    this.#everyMs = leaseMs === null ? 0 : Math.max(1, Math.floor(leaseMs / 3));
+    if (leaseMs === null) this.#stopped = true;
     this.#schedule();
   }
 

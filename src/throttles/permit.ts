@@ -1,5 +1,6 @@
 import type { Tx } from '../db/queryable.js';
 import type { ThrottlePolicy } from './definitions.js';
+import { OrdoError } from '../errors.js';
 import { MAX_ERROR_LENGTH } from '../validate.js';
 
 /** How a permit ended: by complete(), by fail(), or by its lease running out. */
@@ -55,15 +56,24 @@ export interface PermitCalls {
   complete(id: string, options?: PermitCallOptions): Promise<PermitEnd>;
   fail(id: string, options?: FailOptions & { error?: unknown }): Promise<PermitEnd>;
   extend(id: string, options?: PermitCallOptions): Promise<Date>;
+  /** complete() and fail() of a grant without a permit (expiresAt null): nothing is stored to end. */
+  settle(
+    permit: Permit,
+    how: 'complete' | 'fail',
+    options: FailOptions & { error?: unknown },
+  ): Promise<PermitEnd>;
 }
 
 /**
  * A granted start. It counts against the throttle's concurrency until complete() or fail(),
- * or until its lease runs out (expiresAt), which extend() pushes back.
+ * or until its lease runs out (expiresAt), which extend() pushes back. From throttles defined
+ * with `permits: false` it is a start only: expiresAt is null, nothing is stored under its id,
+ * complete() makes no statement and fail() only pauses its keys when given retryAfter.
  */
 export class Permit {
   readonly granted = true as const;
-  #expiresAt: Date;
+  #expiresAt: Date | null;
+  readonly #grantedAt = performance.now();
 
   /** @internal Use ordo.throttles.acquire(). */
   constructor(
@@ -74,20 +84,29 @@ export class Permit {
     readonly holder: string,
     /** The database's clock at the grant. */
     readonly acquiredAt: Date,
-    expiresAt: Date,
+    expiresAt: Date | null,
     /** Every limit the permit holds (acquireAll: one per item); name and key are the first's. */
     readonly items: readonly PermitItem[],
   ) {
     this.#expiresAt = expiresAt;
   }
 
-  /** When the lease runs out unless extended (the database's clock). */
-  get expiresAt(): Date {
+  /** When the lease runs out unless extended (the database's clock); null: a start without a permit. */
+  get expiresAt(): Date | null {
     return this.#expiresAt;
+  }
+
+  /**
+   * @internal The database's clock now, as read at the grant and carried on by this process's
+   * monotonic clock: the end of a start without a permit, which no statement records.
+   */
+  get clock(): Date {
+    return new Date(this.acquiredAt.getTime() + (performance.now() - this.#grantedAt));
   }
 
   /** Ends the permit as completed. */
   complete(options?: PermitCallOptions): Promise<PermitEnd> {
+    if (this.#expiresAt === null) return this.calls.settle(this, 'complete', { ...options });
     return this.calls.complete(this.id, options);
   }
 
@@ -97,11 +116,16 @@ export class Permit {
    * `retryAfter` its keys are held until then.
    */
   fail(error?: unknown, options: FailOptions = {}): Promise<PermitEnd> {
+    if (this.#expiresAt === null) return this.calls.settle(this, 'fail', { ...options, error });
     return this.calls.fail(this.id, { ...options, error });
   }
 
-  /** Renews the lease: expiresAt becomes the database's clock + the throttle's lease. */
+  /**
+   * Renews the lease: expiresAt becomes the database's clock + the throttle's lease. A start
+   * without a permit has no lease: refused with invalid_argument.
+   */
   async extend(options?: PermitCallOptions): Promise<Date> {
+    if (this.#expiresAt === null) throw noLease(this);
     const until = await this.calls.extend(this.id, options);
     if (until > this.#expiresAt) this.#expiresAt = until;
     return until;
@@ -122,6 +146,14 @@ export class Permit {
 }
 
 export type AcquireResult = Permit | Refusal;
+
+/** What a start without a permit answers to what only a permit can do. */
+export function noLease(permit: Permit, what = 'has no lease to extend'): OrdoError {
+  return new OrdoError(
+    'invalid_argument',
+    `The start ${permit.id} of the throttle '${permit.name}' is not a permit (the throttle is defined with permits: false): it ${what}`,
+  );
+}
 
 /** The text recorded for a failure: an Error's name and message, a text as it is, anything else as JSON. */
 export function errorText(error: unknown): string | null {

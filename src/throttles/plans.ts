@@ -10,7 +10,7 @@ export function throttlePlans(schema: string) {
   const columns = `name, every_ms, rate_limit, per_ms, concurrency, lease_ms, refund_on_failure, created_at, updated_at,
     CASE WHEN paused_until > clock_timestamp() THEN paused_until END AS paused_until`;
   return {
-    define: `SELECT r.outcome, (r.definition).* FROM ${s}.define_throttle($1, $2, $3, $4, $5, $6, $7, $8) AS r`,
+    define: `SELECT r.outcome, (r.definition).* FROM ${s}.define_throttle($1, $2, $3, $4, $5, $6, $7, $8, $9) AS r`,
     get: `SELECT ${columns} FROM ${s}.throttles WHERE name = $1`,
     list: `SELECT ${columns} FROM ${s}.throttles ORDER BY name`,
     remove: `SELECT ${s}.remove_throttle($1) AS removed`,

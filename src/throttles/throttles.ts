@@ -33,6 +33,7 @@ import {
   type AcquireResult,
   errorText,
   type FailOptions,
+  noLease,
   Permit,
   type PermitCallOptions,
   type PermitCalls,
@@ -231,11 +232,16 @@ export class Throttles {
       complete: (id, options) => this.complete(id, options),
       fail: (id, options) => this.fail(id, options),
       extend: (id, options) => this.extend(id, options),
+      settle: (permit, how, options) => {
+        this.ensureOpen(options.tx !== undefined);
+        return this.settle(permit, how, options);
+      },
     };
     this.runCalls = {
       complete: (id, options) => this.end('complete', id, { ...options }),
       fail: (id, options) => this.end('fail', id, { ...options }),
       extend: (id, options) => this.renew(id, { ...options }),
+      settle: (permit, how, options) => this.settle(permit, how, options),
     };
   }
 
@@ -252,6 +258,7 @@ export class Throttles {
       d.leaseMs,
       d.refundOnFailure,
       d.mode,
+      d.permits,
     ]);
     const row = rows[0]!;
     if (row.outcome === 'exists' && d.mode === 'create') {
@@ -367,7 +374,7 @@ export class Throttles {
       items[0]!.key,
       r.holder,
       new Date(r.acquired_at),
-      new Date(r.expires_at),
+      r.expires_at === null ? null : new Date(r.expires_at),
       items,
     );
   }
@@ -398,9 +405,8 @@ export class Throttles {
     id: string,
     options: FailOptions & { error?: unknown },
   ): Promise<PermitEnd> {
-    const o = plainObject(`${how} options`, options);
+    const o = endOptions(how, options);
     if (how === 'complete') {
-      knownKeys('throttles.complete', o, ['tx']);
       const checked = permitId(id);
       if (o.tx === undefined) {
         return this.ended(
@@ -410,17 +416,39 @@ export class Throttles {
       const { rows } = await this.query(asQueryable(o.tx), this.plans.complete, [checked]);
       return this.ended(toPermitEnd(rows[0]));
     }
-    knownKeys('throttles.fail', o, ['error', 'refund', 'retryAfter', 'tx']);
-    const refund = o.refund === undefined ? null : boolean('refund', o.refund);
-    const holdMs =
-      o.retryAfter === undefined ? null : durationOption('retryAfter', o.retryAfter, 1, MAX_DURATION_MS);
     const { rows } = await this.query(db(this.pool, o.tx), this.plans.fail, [
       permitId(id),
       errorText(o.error),
-      refund,
-      holdMs,
+      o.refund,
+      o.holdMs,
     ]);
     return this.ended(toPermitEnd(rows[0]));
+  }
+
+  /**
+   * The end of a start without a permit: nothing is stored to end, so no statement, except
+   * that fail() with retryAfter pauses each of its keys as a permit's hold would. A refund is
+   * refused: the start was not recorded, so there is nothing exact to give back.
+   */
+  private async settle(
+    permit: Permit,
+    how: 'complete' | 'fail',
+    options: FailOptions & { error?: unknown },
+  ): Promise<PermitEnd> {
+    const o = endOptions(how, options);
+    if (o.refund === true) throw noLease(permit, 'has no record of what it took to give back');
+    if (o.holdMs !== null) {
+      for (const item of permit.items)
+        await this.query(db(this.pool, o.tx), this.plans.pause, [item.name, item.key, null, o.holdMs]);
+    }
+    return this.ended({
+      id: permit.id,
+      name: permit.name,
+      key: permit.key,
+      outcome: how === 'complete' ? 'completed' : 'failed',
+      endedAt: permit.clock,
+      refunded: false,
+    });
   }
 
   /** Counts an end for metrics, and passes it on. */
@@ -689,6 +717,20 @@ export class Throttles {
   private query(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
     return this.inFlight.query(db, text, values);
   }
+}
+
+/** complete() and fail() options, checked alike for permits and starts without one. */
+function endOptions(how: 'complete' | 'fail', options: FailOptions & { error?: unknown }) {
+  const o = plainObject(`${how} options`, options);
+  if (how === 'complete') knownKeys('throttles.complete', o, ['tx']);
+  else knownKeys('throttles.fail', o, ['error', 'refund', 'retryAfter', 'tx']);
+  return {
+    tx: o.tx,
+    error: o.error,
+    refund: o.refund === undefined ? null : boolean('refund', o.refund),
+    holdMs:
+      o.retryAfter === undefined ? null : durationOption('retryAfter', o.retryAfter, 1, MAX_DURATION_MS),
+  };
 }
 
 export function throttleNotFound(name: string): OrdoError {

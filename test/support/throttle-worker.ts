@@ -209,7 +209,7 @@ async function lineMode(ordo: Ordo): Promise<void> {
       tag: c.tag,
       id: got.id,
       acquiredAt: got.acquiredAt.toISOString(),
-      expiresAt: got.expiresAt.toISOString(),
+      expiresAt: got.expiresAt?.toISOString() ?? null,
     });
     if (c.keep) {
       kept.set(c.tag, got);
@@ -298,7 +298,11 @@ try {
         emit('acquired', {
           granted: got.granted,
           ...(got.granted
-            ? { id: got.id, acquiredAt: got.acquiredAt.toISOString(), expiresAt: got.expiresAt.toISOString() }
+            ? {
+                id: got.id,
+                acquiredAt: got.acquiredAt.toISOString(),
+                expiresAt: got.expiresAt?.toISOString() ?? null,
+              }
             : { retryAfterMs: got.retryAfterMs, reason: got.reason }),
           nodeNow: new Date().toISOString(),
         });
@@ -306,7 +310,10 @@ try {
       } else if (command === 'run') {
         const result = await ordo.throttles.run(name, async ({ permit }) => {
           await sleep(Number(arg));
-          return { acquiredAt: permit.acquiredAt.toISOString(), expiresAt: permit.expiresAt.toISOString() };
+          return {
+            acquiredAt: permit.acquiredAt.toISOString(),
+            expiresAt: permit.expiresAt?.toISOString() ?? null,
+          };
         });
         emit('ran', { ...result });
       }
@@ -329,7 +336,7 @@ try {
         emit('holding', {
           id: permit.id,
           acquiredAt: permit.acquiredAt.toISOString(),
-          expiresAt: permit.expiresAt.toISOString(),
+          expiresAt: permit.expiresAt?.toISOString() ?? null,
         });
         await new Promise(() => undefined);
       });
