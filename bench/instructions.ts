@@ -31,6 +31,8 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  *             library's batcher sends), then the completions of the permits granted; a rate
  *             limit only (no concurrency, so no count of live permits)
  * throttle-hot:N  the same, every acquire on one key
+ * plain:N, plain-hot:N  the same on a throttle defined with permits: false (no completions:
+ *             they make no statement)
  * append:N    append_answer of N messages (what outbox.append() sends), beside the INSERT of
  *             the outbox bench's plain table
  * take        take_value() of one counter, beside the bench's hand-written upsert
@@ -52,18 +54,25 @@ const throttleBatch = (n: number, keys: string) =>
      (SELECT array_agg(i) FROM generate_series(1, ${n}) AS i), array_fill('t'::text, ARRAY[${n}]), ${keys},
      array_fill(1, ARRAY[${n}]), array_fill(NULL::text, ARRAY[${n}])) AS b), '{}', '{}', '{}', '{}', '{}')`;
 
+/** `n` acquires of throttle p, which has no permits (nothing to complete), on the keys `keys`. */
+const plainBatch = (n: number, keys: string) =>
+  `SELECT count(*) FROM ordo.throttle_batch('{}'::uuid[], (SELECT array_agg(i) FROM generate_series(1, ${n}) AS i),
+     array_fill('p'::text, ARRAY[${n}]), ${keys}, array_fill(1, ARRAY[${n}]), array_fill(NULL::text, ARRAY[${n}]))`;
+
+const keysOf = (n: number, hot: boolean) =>
+  hot
+    ? `array_fill('hot'::text, ARRAY[${n}])`
+    : `(SELECT array_agg('k' || floor(random() * 1000)::int) FROM generate_series(1, ${n}))`;
+
+const plain = (n: number, hot: boolean): Scenario => ({
+  name: `plain${hot ? '-hot' : ''}:${n}`,
+  statements: { [`${n} acquires without permits`]: counted(plainBatch(n, keysOf(n, hot)), n) },
+});
+
 const throttle = (n: number, hot: boolean): Scenario => ({
   name: `throttle${hot ? '-hot' : ''}:${n}`,
   statements: {
-    [`${n} acquires + completes`]: counted(
-      throttleBatch(
-        n,
-        hot
-          ? `array_fill('hot'::text, ARRAY[${n}])`
-          : `(SELECT array_agg('k' || floor(random() * 1000)::int) FROM generate_series(1, ${n}))`,
-      ),
-      n,
-    ),
+    [`${n} acquires + completes`]: counted(throttleBatch(n, keysOf(n, hot)), n),
   },
 });
 
@@ -129,10 +138,13 @@ function scenario(spec: string): Scenario {
   if (!Number.isInteger(n) || n < 1 || n > 1000)
     throw new Error(`${spec}: a size is a whole number from 1 to 1000`);
   if (kind === 'throttle' || kind === 'throttle-hot') return throttle(n, kind === 'throttle-hot');
+  if (kind === 'plain' || kind === 'plain-hot') return plain(n, kind === 'plain-hot');
   if (kind === 'append') return append(n);
   if (kind === 'take' && size === undefined) return take;
   if (kind === 'attach' && size === undefined) return attach;
-  throw new Error(`${spec}: a scenario is throttle:N, throttle-hot:N, append:N, take or attach`);
+  throw new Error(
+    `${spec}: a scenario is throttle:N, throttle-hot:N, plain:N, plain-hot:N, append:N, take or attach`,
+  );
 }
 
 let scenarios: Scenario[];
@@ -153,6 +165,7 @@ try {
   const server = await startEmbedded(dataDir, process.env.PG_BIN);
   const ordo = await createOrdo({ databaseUrl: server.url });
   await ordo.throttles.define({ name: 't', limit: 1_000_000, per: '1s', lease: '1h' });
+  await ordo.throttles.define({ name: 'p', limit: 1_000_000, per: '1s', permits: false });
   await ordo.sequences.define({ name: 'daily', reset: 'day' });
   await ordo.sequences.define({ name: 'at_commit' });
   const client = new pg.Client({ connectionString: server.url });
@@ -166,6 +179,7 @@ try {
   // Every key of the throttle used once, so that no count depends on which keys its draws met
   // first; then plans and tables as a running system has them.
   await client.query(throttleBatch(1000, `(SELECT array_agg('k' || i) FROM generate_series(0, 999) AS i)`));
+  await client.query(plainBatch(1000, `(SELECT array_agg('k' || i) FROM generate_series(0, 999) AS i)`));
   for (let i = 0; i < 300; i++) {
     for (const s of scenarios) for (const { text } of Object.values(s.statements)) await client.query(text);
   }

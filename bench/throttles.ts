@@ -30,6 +30,8 @@ import {
 const CALLERS = 32;
 const KEY_COUNT = 1000;
 const THROTTLE = 'bench_throttle';
+/** The same limits, defined with permits: false: a rate limiter, as RateLimiterPostgres is. */
+const PLAIN = 'bench_plain';
 const RLF_TABLE = 'bench_rlf';
 
 interface Keys {
@@ -60,6 +62,13 @@ async function run(ctx: BenchContext): Promise<Table[]> {
       lease: '1m',
       overwrite: true,
     });
+    await ordo.throttles.define({
+      name: PLAIN,
+      limit: 1_000_000,
+      per: '1s',
+      permits: false,
+      overwrite: true,
+    });
     const limiter = await new Promise<RateLimiterPostgres>((resolve, reject) => {
       const created: RateLimiterPostgres = new RateLimiterPostgres(
         { storeClient: pool, storeType: 'pool', tableName: RLF_TABLE, points: 1_000_000_000, duration: 3600 },
@@ -71,27 +80,32 @@ async function run(ctx: BenchContext): Promise<Table[]> {
     const goals: string[][] = [];
     const vacuumed = await vacuumsStandIn(admin);
     for (const keys of [HOT, MANY]) {
-      let ordoOps = 0;
-      let rlfOps = 0;
+      const ops = { ordo: 0, plain: 0, rlf: 0 };
+      const acquireAndComplete = (name: string, side: 'ordo' | 'plain') => async () => {
+        const permit = await ordo.throttles.acquire(name, { key: keys.key() });
+        if (!permit.granted) throw new Error(`refused: ${permit.reason}`);
+        await permit.complete();
+        ops[side]++;
+      };
       const stopVacuums = standInAutovacuum(admin, vacuumed);
       const measured = await interleave(
         {
           ordo: {
             workers: CALLERS,
             statements: () => counter.count,
-            op: async () => {
-              const permit = await ordo.throttles.acquire(THROTTLE, { key: keys.key() });
-              if (!permit.granted) throw new Error(`refused: ${permit.reason}`);
-              await permit.complete();
-              ordoOps++;
-            },
+            op: acquireAndComplete(THROTTLE, 'ordo'),
+          },
+          plain: {
+            workers: CALLERS,
+            statements: () => counter.count,
+            op: acquireAndComplete(PLAIN, 'plain'),
           },
           rlf: {
             workers: CALLERS,
             statements: () => counter.count,
             op: async () => {
               await limiter.consume(keys.key());
-              rlfOps++;
+              ops.rlf++;
             },
           },
         },
@@ -102,26 +116,38 @@ async function run(ctx: BenchContext): Promise<Table[]> {
         label: 'ordo acquire + complete',
         keys: keys.label,
         load: measured.ordo.result(),
-        verified: await verifyOrdo(admin, ordoOps),
+        verified: await verifyOrdo(admin, THROTTLE, ops.ordo),
+      });
+      const plainRow = logged(ctx, {
+        label: 'ordo, permits: false',
+        keys: keys.label,
+        load: measured.plain.result(),
+        verified: await verifyOrdo(admin, PLAIN, ops.plain),
       });
       const rlfRow = logged(ctx, {
         label: 'RateLimiterPostgres consume',
         keys: keys.label,
         load: measured.rlf.result(),
-        verified: await verifyRlf(admin, rlfOps),
+        verified: await verifyRlf(admin, ops.rlf),
       });
-      rows.push(ordoRow, rlfRow);
+      rows.push(ordoRow, plainRow, rlfRow);
       const goal = keys === HOT ? 4 : 1.5;
-      goals.push([
-        `goal: ordo ≥ ${goal} × RateLimiterPostgres`,
+      const versus = (row: Row, label: string, target: number | null) => [
+        label,
         keys.label,
         '',
         '',
         '',
         '',
         '',
-        ratioCell(ordoRow.load.opsPerSecond / rlfRow.load.opsPerSecond, goal),
-      ]);
+        target === null
+          ? `${fmt.fixed(row.load.opsPerSecond / rlfRow.load.opsPerSecond, 2)}×`
+          : ratioCell(row.load.opsPerSecond / rlfRow.load.opsPerSecond, target),
+      ];
+      goals.push(
+        versus(plainRow, `goal: ordo, permits: false ≥ ${goal} × RateLimiterPostgres`, goal),
+        versus(ordoRow, 'ordo with permits ÷ RateLimiterPostgres', null),
+      );
       await reset(admin);
     }
     const composite = await compositeRows(ctx, ordo, counter, () => standInAutovacuum(admin, vacuumed));
@@ -162,7 +188,8 @@ async function run(ctx: BenchContext): Promise<Table[]> {
         failures: rows.filter((r) => !r.verified.ok).map((r) => `${r.label} · ${r.keys}: ${r.verified.text}`),
         notes: [
           'ordo: one op = acquire() a permit (a decision on the database clock, a lease, a row per permit) and complete() it',
-          "  (its outcome, folded into the key's state by the next decision). Standalone calls queued while statements are",
+          "  (its outcome, folded into the key's state by the next decision); with permits: false, acquire() a start (the same",
+          '  decision, no permit row; complete() makes no statement). Standalone calls queued while statements are',
           '  in flight share the next statement (throttle_batch: completions, then decisions): on a hot key one lock and one',
           '  commit serve a whole batch. RateLimiterPostgres: one op = consume(key), one INSERT … ON CONFLICT DO UPDATE (fixed window,',
           '  on the Node clock; no lease, no outcome).',
@@ -197,11 +224,11 @@ function logged(ctx: BenchContext, r: Row): Row {
   return r;
 }
 
-async function verifyOrdo(admin: pg.Pool, acquired: number): Promise<Verified> {
+async function verifyOrdo(admin: pg.Pool, name: string, acquired: number): Promise<Verified> {
   const { rows } = await admin.query(
     `SELECT (SELECT coalesce(sum(starts), 0) FROM ordo.throttle_state WHERE name = $1) AS starts,
             (SELECT count(*) FROM ordo.permits WHERE name = $1 AND ended_at IS NULL) AS running`,
-    [THROTTLE],
+    [name],
   );
   const starts = Number(rows[0].starts);
   const running = Number(rows[0].running);
@@ -248,8 +275,8 @@ function standInAutovacuum(admin: pg.Pool, needed: boolean): () => Promise<void>
 
 async function reset(admin: pg.Pool): Promise<void> {
   await admin.query(`DELETE FROM ${RLF_TABLE}`);
-  await admin.query('DELETE FROM ordo.permits WHERE name = $1', [THROTTLE]);
-  await admin.query('DELETE FROM ordo.throttle_state WHERE name = $1', [THROTTLE]);
+  await admin.query('DELETE FROM ordo.permits WHERE name = ANY ($1)', [[THROTTLE, PLAIN]]);
+  await admin.query('DELETE FROM ordo.throttle_state WHERE name = ANY ($1)', [[THROTTLE, PLAIN]]);
   await admin.query(`VACUUM ordo.permits, ordo.throttle_state, ${RLF_TABLE}`);
 }
 

@@ -165,6 +165,33 @@ describe('acquire and the ends of permits', () => {
     });
   });
 
+  it('a throttle without permits: defined with permits: false, a start with a null expiresAt, nothing to end by id', async () => {
+    const put = await call('PUT', '/v1/throttles/plain', ADMIN, { limit: 2, per: '1m', permits: false });
+    expect(put.status).toBe(200);
+    expect(put.json).toMatchObject({ name: 'plain', permits: false, leaseMs: null, limit: 2 });
+    expectError(
+      await call('PUT', '/v1/throttles/plain2', ADMIN, { every: '1s', concurrency: 1, permits: false }),
+      'invalid_argument',
+      /grants no permits \(permits: false\).*not concurrency/,
+    );
+    expectError(
+      await call('PUT', '/v1/throttles/plain2', ADMIN, { every: '1s', permits: 'no' }),
+      'invalid_argument',
+      /permits/,
+    );
+    const got = await call('POST', '/v1/throttles/plain/acquire', ISSUER, { key: 'k' });
+    expect(got.status).toBe(200);
+    expect(got.json).toMatchObject({ granted: true, name: 'plain', key: 'k', expiresAt: null });
+    expect(got.json.id).toMatch(/^[0-9a-f-]{36}$/);
+    expectError(await call('POST', `/v1/permits/${got.json.id}/complete`, ISSUER), 'permit_not_found');
+    expect((await call('POST', '/v1/throttles/plain/acquire', ISSUER, { key: 'k' })).status).toBe(200);
+    const refused = await call('POST', '/v1/throttles/plain/acquire', ISSUER, { key: 'k' });
+    expect(refused.status).toBe(429);
+    expect(refused.json).toMatchObject({ code: 'throttled', reason: 'rate' });
+    const state = await call('GET', '/v1/throttles/plain/state?key=k', READER);
+    expect(state.json).toMatchObject({ starts: 2, running: [], lastOutcome: null });
+  });
+
   it('an expired permit: 409 permit_expired', async () => {
     await ordo.throttles.define({ name: 'short', concurrency: 1, lease: '50ms' });
     const got = await call('POST', '/v1/throttles/short/acquire', ISSUER);

@@ -139,15 +139,16 @@ describe('a worker killed with SIGKILL while it holds a permit', () => {
   });
 });
 
-describe('a token bucket hammered by 24 workers in 3 processes', () => {
+describe.each([
+  { kind: 'with permits', name: 'bucket', permits: true },
+  { kind: 'without permits (permits: false)', name: 'bucket_plain', permits: false },
+])('a token bucket $kind hammered by 24 workers in 3 processes', ({ name, permits }) => {
   it('grants within rate × time + burst, and close to it', async () => {
     const LIMIT = 10;
     const COST = 100; // ms per token: 10 per second
-    await ordo.throttles.define({ name: 'bucket', limit: LIMIT, per: '1s' });
+    await ordo.throttles.define({ name, limit: LIMIT, per: '1s', permits });
     const workers = await Promise.all(
-      [0, HOUR, 0].map((skew) =>
-        worker('bucket', 'bucket', { instances: 2, workers: 4, seconds: 2.5 }, skew),
-      ),
+      [0, HOUR, 0].map((skew) => worker('bucket', name, { instances: 2, workers: 4, seconds: 2.5 }, skew)),
     );
     for (const w of workers) w.send('go');
     expect(await Promise.all(workers.map((w) => w.exited))).toEqual([0, 0, 0]);
@@ -166,6 +167,14 @@ describe('a token bucket hammered by 24 workers in 3 processes', () => {
     // And the workers got close to what the bucket allows.
     const span = grants.at(-1)! - grants[0]!;
     expect(grants.length).toBeGreaterThanOrEqual(0.8 * (LIMIT + span / COST));
+    // The database counted every grant as a start (and, without permits, stored none).
+    const { rows } = await raw.query(
+      `SELECT (SELECT coalesce(sum(starts), 0)::int FROM ordo.throttle_state WHERE name = $1) AS starts,
+              (SELECT count(*)::int FROM ordo.permits WHERE name = $1) AS permits`,
+      [name],
+    );
+    expect(rows[0].starts).toBe(grants.length);
+    if (!permits) expect(rows[0].permits).toBe(0);
   });
 });
 
