@@ -155,8 +155,21 @@ describe('a grant is a start only', () => {
     expect(counted).toMatchObject({ granted: 5, completed: 1, failed: 1, refunded: 0 });
   });
 
-  it('fail() with retryAfter pauses the start’s keys, as a permit’s hold does', async () => {
+  it('fail() with retryAfter holds the start’s keys, as a permit’s hold does, never shortening a pause', async () => {
     await ordo.throttles.define({ name: 'upstream', limit: 100, per: '1s', permits: false });
+    await ordo.throttles.define({ name: 'upstream_tenant', limit: 100, per: '1s', permits: false });
+    const both = granted(
+      await ordo.throttles.acquireAll([
+        { name: 'upstream', key: 'both' },
+        { name: 'upstream_tenant', key: 'long' },
+      ]),
+    );
+    expect(both.expiresAt).toBeNull();
+    await ordo.throttles.pause('upstream_tenant', { key: 'long', until: '5s' });
+    const longUntil = (await ordo.throttles.state('upstream_tenant', 'long')).pausedUntil!;
+    await both.fail('429', { retryAfter: '100ms' });
+    expect((await ordo.throttles.state('upstream_tenant', 'long')).pausedUntil).toEqual(longUntil);
+    expect(await ordo.throttles.acquire('upstream', { key: 'both' })).toMatchObject({ reason: 'paused' });
     const p = granted(await ordo.throttles.acquire('upstream', { key: 'shop' }));
     await p.fail('429', { retryAfter: '400ms' });
     const refusal = await ordo.throttles.acquire('upstream', { key: 'shop' });

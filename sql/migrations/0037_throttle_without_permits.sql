@@ -101,6 +101,19 @@ BEGIN
   END LOOP;
 END $$;
 
+-- fail(error, { retryAfter }) of a start without a permit: its keys are held until then at
+-- once (there is no permit for the next decision to fold), never shortening a longer pause,
+-- as a permit's hold does not. Keys in lock order; a throttle removed meanwhile is skipped.
+CREATE FUNCTION {{schema}}.hold_keys(names text[], keys text[], hold_ms bigint) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+  INSERT INTO {{schema}}.throttle_state AS st (name, key, incarnation, paused_until)
+  SELECT d.name, u.k, d.incarnation, clock_timestamp() + hold_ms * interval '1 millisecond'
+    FROM unnest(names, keys) AS u(n, k)
+    JOIN {{schema}}.throttles AS d ON d.name = u.n
+   ORDER BY d.name, u.k
+  ON CONFLICT (name, key) DO UPDATE SET paused_until = greatest(st.paused_until, EXCLUDED.paused_until)
+$$;
+
 -- 0030's, refusing a key's own concurrency on a throttle without permits.
 CREATE OR REPLACE FUNCTION {{schema}}.set_key_limits(throttle_name text, throttle_key text, new_every_ms bigint,
                                                      new_rate_limit integer, new_per_ms bigint, new_concurrency integer)

@@ -31,6 +31,8 @@ export function throttlePlans(schema: string) {
       FROM ${s}.throttle_batch($1::uuid[], $2::integer[], $3::text[], $4::text[], $5::integer[], $6::text[])`,
     fail: `SELECT id, name, key, outcome, ended_at, refunded FROM ${s}.fail_permit($1, $2, $3, $4)`,
     extend: `SELECT ${s}.extend_permit($1) AS expires_at`,
+    /** fail({ retryAfter }) of a start without a permit: its keys held for $3 ms, never less than they are. */
+    hold: `SELECT ${s}.hold_keys($1::text[], $2::text[], $3)`,
     /** A key's last start and end, its own limits and pause, its line and live permits, at one clock reading. */
     state: `SELECT * FROM ${s}.throttle_key_state($1, $2)`,
     /** The keys of a throttle, the most recently active first, each as `state` reads it. */

@@ -427,7 +427,7 @@ export class Throttles {
 
   /**
    * The end of a start without a permit: nothing is stored to end, so no statement, except
-   * that fail() with retryAfter pauses each of its keys as a permit's hold would. A refund is
+   * that fail() with retryAfter holds its keys as a permit's hold would. A refund is
    * refused: the start was not recorded, so there is nothing exact to give back.
    */
   private async settle(
@@ -438,8 +438,12 @@ export class Throttles {
     const o = endOptions(how, options);
     if (o.refund === true) throw noLease(permit, 'has no record of what it took to give back');
     if (o.holdMs !== null) {
-      for (const item of permit.items)
-        await this.query(db(this.pool, o.tx), this.plans.pause, [item.name, item.key, null, o.holdMs]);
+      const { items } = permit;
+      await this.query(db(this.pool, o.tx), this.plans.hold, [
+        items.map((i) => i.name),
+        items.map((i) => i.key),
+        o.holdMs,
+      ]);
     }
     return this.ended({
       id: permit.id,
