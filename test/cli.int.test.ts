@@ -97,6 +97,7 @@ describe('ordo CLI', () => {
     await ordo.throttles.setKeyLimits('BAR', 'premium', { concurrency: 5 });
     await ordo.throttles.pause('BAR', { key: 'upstream-429', until: '10m' });
     await ordo.throttles.pause('FOO', { until: '10m' });
+    await ordo.throttles.define({ name: 'PLAIN', limit: 10, per: '1s', permits: false });
     const busy = await ordo.throttles.acquire('BAR', { key: 'busy' });
     expect(busy.granted).toBe(true);
     const waiter = new AbortController();
@@ -113,6 +114,7 @@ describe('ordo CLI', () => {
       expect(status.throttles).toMatchObject([
         { name: 'BAR', pausedUntil: null },
         { name: 'FOO', everyMs: 60_000, concurrency: 1, pausedUntil: expect.any(String) },
+        { name: 'PLAIN', permits: false, leaseMs: null },
       ]);
       expect(status.permits).toMatchObject([
         { name: 'BAR', key: 'busy' },
@@ -132,6 +134,7 @@ describe('ordo CLI', () => {
         'throttles',
         '1m',
         'paused until',
+        'no permits',
         'throttle keys of note',
         'premium',
         'concurrency 5',
