@@ -20,8 +20,9 @@ import {
 /**
  * Throttles. (1) acquire + complete throughput, on one hot key and on 1000 keys, against
  * rate-limiter-flexible's RateLimiterPostgres (one consume() per op) on the same PostgreSQL,
- * the same pool and the same number of concurrent callers; ordo does more per op (a lease
- * and an outcome per permit, on the database clock). (2) The FOO story: 50 workers released at
+ * the same pool and the same number of concurrent callers; ordo with permits does more per op
+ * (a lease and an outcome per permit, on the database clock), ordo with permits: false is a
+ * rate limiter as RateLimiterPostgres is (a start only), and the goals compare those two. (2) The FOO story: 50 workers released at
  * once on "FOO every 200 ms, at most one running", ten queued tasks, some longer than the
  * interval; starts closer than the interval and tasks running at once are counted for a naive
  * read-then-write check, for the usual conditional UPDATE, and for ordo.
