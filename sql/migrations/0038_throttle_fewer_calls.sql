@@ -3,12 +3,12 @@
 --
 -- Counted by callgrind (npx tsx bench/instructions.ts, the embedded PostgreSQL 18, through
 -- throttle_batch as the library sends it), million instructions, 0037 -> 0038:
---   plain:16        16 acquires on keys drawn from 1,000, a throttle without permits   7.12 -> 6.34
+--   plain:16        16 acquires on keys drawn from 1,000, a throttle without permits   7.12 -> 6.31
 --   plain-hot:16    16 acquires on one key, without permits                            4.19 -> 3.89
 --   plain:1         one acquire without permits                                        2.28 -> 1.97
---   throttle:16     16 acquires on keys drawn from 1,000 with permits, and completes  10.20 -> 9.79
---   throttle-hot:16 16 acquires on one key with permits, and completes                 6.62 -> 6.57
---   throttle:1      one acquire with a permit, and its complete                        3.02 -> 2.98
+--   throttle:16     16 acquires on keys drawn from 1,000 with permits, and completes  10.20 -> 9.76
+--   throttle-hot:16 16 acquires on one key with permits, and completes                 6.62 -> 6.56
+--   throttle:1      one acquire with a permit, and its complete                        3.02 -> 2.95
 -- Each part, measured alone on plain:16:
 --
 -- * throttle_item decided an item's limits by calling throttle_verdict, passing the key's
@@ -26,6 +26,8 @@
 -- * throttle_lock, throttle_glance and throttle_fold set the planner settings of acquire_all,
 --   their only caller, again on every call (each SET is saved and restored): now they inherit
 --   them. -1.5%.
+-- * throttle_glance looped over the keys' rows to learn whether it had locked them all; the
+--   statement that locks them says so (bool_and). -0.5% (-0.8% with permits).
 --
 -- Answers are unchanged, but for a request whose cost is above a key's limit while another
 -- transaction holds that key: refused with a wait of 1 second (it was the bucket's wait), as a
@@ -84,7 +86,8 @@ BEGIN
   END IF;
 END $$;
 
--- 0033's, asking throttle_item, with its caller's settings.
+-- 0033's, asking throttle_item, with its caller's settings, and whether every key is locked
+-- read off the statement that locks them (bool_and) rather than a loop over their rows.
 CREATE OR REPLACE FUNCTION {{schema}}.throttle_glance(names text[], keys text[], units integer[])
 RETURNS {{schema}}.throttle_key[]
 LANGUAGE plpgsql VOLATILE AS $$
@@ -94,19 +97,17 @@ DECLARE
   r record;
   v record;
   c timestamptz;
-  all_locked boolean := true;
+  all_locked boolean;
 BEGIN
-  SELECT array_agg({{schema}}.throttle_key_of(d, s.st, x.k, coalesce(s.locked, false)) ORDER BY x.i)
-    INTO ks
+  SELECT array_agg({{schema}}.throttle_key_of(d, s.st, x.k, coalesce(s.locked, false)) ORDER BY x.i),
+         bool_and(coalesce(s.locked, false))
+    INTO ks, all_locked
     FROM unnest(names, keys) WITH ORDINALITY AS x(n, k, i)
     LEFT JOIN {{schema}}.throttles AS d ON d.name = x.n
     LEFT JOIN LATERAL (SELECT t, true FROM {{schema}}.throttle_state AS t
                         WHERE t.name = x.n AND t.key = x.k FOR UPDATE SKIP LOCKED) AS s(st, locked) ON true;
   -- Every key locked at once (the usual case): nothing to read from a snapshot.
-  FOR i IN 1..coalesce(cardinality(ks), 0) LOOP
-    all_locked := all_locked AND (ks[i]).locked;
-  END LOOP;
-  IF all_locked THEN
+  IF all_locked IS NOT false THEN
     RETURN ks;
   END IF;
   c := clock_timestamp();
