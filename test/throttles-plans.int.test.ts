@@ -84,7 +84,7 @@ describe('plans kept from when ordo.permits looked empty', () => {
       // The fold, the sweep and the grant of one key: about 23 pages on PostgreSQL 15 and 18;
       // with the plans before 0035 (the key list joined to the permits as the planner saw fit,
       // or the primary key skip-scanned), about 150. A first grant, so that the key has a live
-      // permit: a decision on a key with none does not read the permits (0038), and the fold's
+      // permit: a decision on a key with none does not read the permits (0037), and the fold's
       // statements are planned, under the same estimate, by the run after it.
       const decision = `SELECT * FROM ordo.acquire_all(ARRAY[1], ARRAY['quiet'], ARRAY['k'], ARRAY[1], ARRAY[NULL::text])`;
       await fresh.query(decision);

@@ -15,10 +15,13 @@ export class LeaseKeeper {
 
   /** A start without a permit (expiresAt null) has no lease: nothing is kept, nothing is lost. */
   constructor(private readonly permit: Permit) {
-    const leaseMs =
-      permit.expiresAt === null ? null : permit.expiresAt.getTime() - permit.acquiredAt.getTime();
-    this.#everyMs = leaseMs === null ? 0 : Math.max(1, Math.floor(leaseMs / 3));
-    if (leaseMs === null) this.#stopped = true;
+    if (permit.expiresAt === null) {
+      this.#everyMs = 0;
+      this.#stopped = true;
+      return;
+    }
+    const leaseMs = permit.expiresAt.getTime() - permit.acquiredAt.getTime();
+    this.#everyMs = Math.max(1, Math.floor(leaseMs / 3));
     this.#schedule();
   }
 
