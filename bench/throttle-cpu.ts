@@ -16,6 +16,7 @@ import { backendCpu, type CpuVariant, measureCpu, withScratchDatabase } from './
  * - ordo × 16: sixteen callers at once, each acquire(key) then complete(); the batcher shares
  *   the sixteen acquires, then the sixteen completes, among statements, as in the throughput
  *   bench (where 32 callers on two statement slots make batches of about 16).
+ * - permits: false × 16: the same on a throttle without permits (complete() sends nothing).
  *
  * Keys are drawn from 1,000, as in the throughput bench. VARIANTS=… (comma-separated labels)
  * runs only those.
@@ -27,12 +28,14 @@ const N = Number(process.argv[2] ?? 32000);
 const ROUNDS = Number(process.argv[3] ?? 20);
 const KEYS = 1000;
 const THROTTLE = 'cpu_throttle';
+const PLAIN = 'cpu_plain';
 const key = () => `k${Math.floor(Math.random() * KEYS)}`;
 
 await withScratchDatabase('ordo_throttle_cpu', url, async (target) => {
-  const pools = [0, 1].map(() => new pg.Pool({ connectionString: target, max: 1 }));
-  const [one, sixteen] = await Promise.all(pools.map((pool) => createOrdo({ pool })));
+  const pools = [0, 1, 2].map(() => new pg.Pool({ connectionString: target, max: 1 }));
+  const [one, sixteen, plain] = await Promise.all(pools.map((pool) => createOrdo({ pool })));
   await one!.throttles.define({ name: THROTTLE, limit: 1_000_000, per: '1s', lease: '1m' });
+  await one!.throttles.define({ name: PLAIN, limit: 1_000_000, per: '1s', permits: false });
   const rlfClient = new pg.Client({ connectionString: target });
   await rlfClient.connect();
   const limiter = await new Promise<RateLimiterPostgres>((resolve, reject) => {
@@ -41,8 +44,8 @@ await withScratchDatabase('ordo_throttle_cpu', url, async (target) => {
       (error?: Error) => (error ? reject(error) : resolve(created)),
     );
   });
-  const acquireComplete = async (ordo: Ordo) => {
-    const permit = await ordo.throttles.acquire(THROTTLE, { key: key() });
+  const acquireComplete = async (ordo: Ordo, name = THROTTLE) => {
+    const permit = await ordo.throttles.acquire(name, { key: key() });
     if (!permit.granted) throw new Error(`refused: ${permit.reason}`);
     await permit.complete();
   };
@@ -62,6 +65,11 @@ await withScratchDatabase('ordo_throttle_cpu', url, async (target) => {
       run: () => Promise.all(Array.from({ length: 16 }, () => acquireComplete(sixteen!))),
       server: await backendCpu((t) => pools[1]!.query(t)),
     },
+    'permits: false × 16': {
+      ops: 16,
+      run: () => Promise.all(Array.from({ length: 16 }, () => acquireComplete(plain!, PLAIN))),
+      server: await backendCpu((t) => pools[2]!.query(t)),
+    },
   };
   // Autovacuum may be off (CI's setting): permits are written, ended and deleted by every op.
   const vacuum = new pg.Client({ connectionString: target });
@@ -76,6 +84,7 @@ await withScratchDatabase('ordo_throttle_cpu', url, async (target) => {
   await Promise.all([
     one!.close(),
     sixteen!.close(),
+    plain!.close(),
     rlfClient.end(),
     vacuum.end(),
     ...pools.map((p) => p.end()),
