@@ -296,6 +296,80 @@ describe('with throttles that keep permits', () => {
   });
 });
 
+describe('a batch of starts', () => {
+  // acquire_all answers a batch all granted without permit rows by a short statement of its
+  // own (0038), and any other batch item by item: both must answer alike and count alike.
+  const DECIDE = `SELECT request, granted, permit_id, holder, acquired_at, expires_at, retry_after_ms, reason, limit_name
+    FROM ordo.acquire_all($1::integer[], $2::text[], $3::text[], $4::integer[], $5::text[])`;
+  const batch = (keys: string[], req = keys.map((_, i) => i + 1)) => [
+    req,
+    keys.map(() => 'batch'),
+    keys,
+    keys.map(() => 1),
+    keys.map((_, i) => `h${i}`),
+  ];
+  const starts = async () => {
+    const { rows } = await raw.query(
+      `SELECT key, starts::int FROM ordo.throttle_state WHERE name = 'batch' ORDER BY key`,
+    );
+    return Object.fromEntries(rows.map((r) => [r.key, r.starts]));
+  };
+
+  it('all granted or some refused, each request gets its answer, a unique id and its start counted', async () => {
+    await ordo.throttles.define({ name: 'batch', limit: 3, per: '1h', permits: false });
+    // a three times, b and c once: all fit.
+    const first = await raw.query(DECIDE, batch(['a', 'b', 'a', 'c', 'a']));
+    expect(
+      first.rows.map((r) => [r.request, r.granted, r.holder, r.expires_at, Number(r.retry_after_ms)]),
+    ).toEqual([1, 2, 3, 4, 5].map((i) => [i, true, `h${i - 1}`, null, 0]));
+    // A key's grants in one batch start at one instant, on the database's clock.
+    const at = (i: number) => (first.rows[i].acquired_at as Date).getTime();
+    expect(at(0)).toBe(at(2));
+    expect(at(0)).toBe(at(4));
+    expect(await starts()).toEqual({ a: 3, b: 1, c: 1 });
+    // a is full now: its request is refused, the others granted, in the same batch.
+    const second = await raw.query(DECIDE, batch(['b', 'a', 'c']));
+    expect(second.rows.map((r) => [r.request, r.granted, r.reason, r.limit_name])).toEqual([
+      [1, true, null, null],
+      [2, false, 'rate', 'batch'],
+      [3, true, null, null],
+    ]);
+    expect(second.rows[1].permit_id).toBeNull();
+    expect(Number(second.rows[1].retry_after_ms)).toBeGreaterThan(0);
+    expect(second.rows[0].expires_at).toBeNull();
+    expect(await starts()).toEqual({ a: 3, b: 2, c: 2 });
+    // Request numbers that do not rise item by item are numbered by their first items, as any.
+    const third = await raw.query(DECIDE, batch(['d', 'e', 'd'], [7, 5, 9]));
+    expect(third.rows.map((r) => [r.request, r.granted])).toEqual([
+      [7, true],
+      [5, true],
+      [9, true],
+    ]);
+    expect(await starts()).toMatchObject({ d: 2, e: 1 });
+    const ids = [...first.rows, ...second.rows, ...third.rows]
+      .map((r) => r.permit_id)
+      .filter((id) => id !== null);
+    expect(ids).toHaveLength(10);
+    for (const id of ids)
+      expect(id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+    expect(new Set(ids).size).toBe(10);
+    expect(await permitRows('batch')).toBe(0);
+  });
+
+  it('32 callers at once share statements and get 32 distinct starts', async () => {
+    await ordo.throttles.define({ name: 'shared', limit: 1000, per: '1h', permits: false });
+    const permits = await Promise.all(
+      Array.from({ length: 32 }, (_, i) => ordo.throttles.acquire('shared', { key: `k${i % 5}` })),
+    );
+    const ids = permits.map((p) => granted(p).id);
+    expect(new Set(ids).size).toBe(32);
+    const { rows } = await raw.query(
+      `SELECT sum(starts)::int AS starts FROM ordo.throttle_state WHERE name = 'shared'`,
+    );
+    expect(rows[0].starts).toBe(32);
+  });
+});
+
 describe('from SQL', () => {
   it('try_acquire answers the start with a null expires_at; nothing is stored under its id', async () => {
     await ordo.throttles.define({ name: 'sql_plain', limit: 10, per: '1s', permits: false });
