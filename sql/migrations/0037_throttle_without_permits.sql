@@ -26,15 +26,16 @@
 -- does nothing where nothing can be folded, and no call computes "after nothing".
 --
 -- Counted by callgrind (npx tsx bench/instructions.ts, the embedded PostgreSQL 18, through
--- throttle_batch as the library sends it), million instructions, with only the permit rows
--- left out -> with these calls taken out too:
---   plain:16        16 acquires on keys drawn from 1,000, a throttle without permits   7.12 -> 6.31
---   plain-hot:16    16 acquires on one key, without permits                            4.19 -> 3.89
---   plain:1         one acquire without permits                                        2.28 -> 1.97
---   throttle:16     16 acquires on keys drawn from 1,000 with permits, and completes  10.20 -> 9.72
---   throttle-hot:16 16 acquires on one key with permits, and completes                 6.62 -> 6.56
---   throttle:1      one acquire with a permit, and its complete                        3.02 -> 2.95
--- Each part, measured alone on plain:16:
+-- throttle_batch as the library sends it), million instructions: with only the permit rows
+-- left out -> with these calls taken out too -> with the short answer below:
+--   plain:16        16 acquires on keys drawn from 1,000, a throttle without permits   7.12 -> 6.31 -> 5.19
+--   plain-hot:16    16 acquires on one key, without permits                            4.19 -> 3.89 -> 2.51
+--   plain:1         one acquire without permits                                        2.28 -> 1.97 -> 1.73
+--   throttle:16     16 acquires on keys drawn from 1,000 with permits, and completes  10.20 -> 9.72 -> 9.38
+--   throttle-hot:16 16 acquires on one key with permits, and completes                 6.62 -> 6.56 -> 6.21
+--   throttle:1      one acquire with a permit, and its complete                        3.02 -> 2.95 -> 3.04
+-- (One acquire with a permit pays for the write-back's statement of its own.) Each part of the
+-- fewer calls, measured alone on plain:16:
 --
 -- * throttle_item decided an item's limits by calling throttle_verdict, passing the key's
 --   state (a row of 35 fields) again; the verdict is now its body, and the snapshot refusal of
@@ -54,9 +55,32 @@
 -- * throttle_glance looped over the keys' rows to learn whether it had locked them all; the
 --   statement that locks them says so (bool_and). -0.5% (-0.8% with permits).
 --
--- Answers are unchanged, but for a request whose cost is above a key's limit while another
--- transaction holds that key: refused with a wait of 1 second (it was the bucket's wait), as a
--- waiter asking that much is; once the key is free, the error as before.
+-- And a short answer. acquire_all (0036) answered every batch with one statement over its
+-- items: each item's key as it stood before it (a window over the grants before it on its key),
+-- its refusal if any, the permit rows, each request's answer, and each key's state written back. When every request is
+-- granted and no item's throttle keeps permits (a rate limiter, permits: false) there is
+-- nothing item by item to compute: no refusal to pick, no permit row to fill. That statement was
+-- a fifth of a batch's work, most of it in starting its plan (two windows, their sorts, four
+-- CTE scans, two writes). Now:
+--
+-- * Each key's state is written back by a statement of its own, for every batch: each key after
+--   all its grants (throttle_after of their count and units, as before) and with what the fold
+--   changed. The answer's statement no longer computes it per item (key_first, key_n, key_units).
+-- * Every request granted, none with an item of a throttle that keeps permits: each request is
+--   answered with its first item's key's instant (a grant does not move it), a null expiry, no
+--   wait. Its id is made of one random uuid per batch and the request's number (the last 12 hex
+--   digits): an id names a start, and nothing is stored under it, so it needs to be unique,
+--   not unguessable; gen_random_uuid() for each request cost 14,000 instructions.
+--   Permit ids are gen_random_uuid() as before, made for the batches that answer item by item.
+-- * Request numbers rising item by item (what the library's batcher and try_acquire send: each
+--   acquire() is a request of one item) cannot name a throttle and key twice in a request, and
+--   each item is its own request: neither the check for that nor the windows that number the
+--   requests by their first items are run.
+--
+-- Answers are unchanged, but for the ids of starts without permits (above), and for a request
+-- whose cost is above a key's limit while another transaction holds that key: refused with a
+-- wait of 1 second (it was the bucket's wait), as a waiter asking that much is; once the key is
+-- free, the error as before.
 --
 -- Custom SQLSTATEs: none new.
 
@@ -507,8 +531,9 @@ BEGIN
   RETURN ks;
 END $$;
 
--- 0036's, writing permit rows only for items of throttles with a lease, and with no
--- throttle_after of nothing.
+-- 0036's: permit rows only for items of throttles with a lease; no throttle_after of nothing;
+-- each key's state written back by a statement of its own; a batch all granted without permit
+-- rows answered without the items' statement; requests of one item each not numbered again.
 CREATE OR REPLACE FUNCTION {{schema}}.acquire_all(req integer[], names text[], keys text[], costs integer[],
                                                   holders text[], line_first boolean DEFAULT true)
 RETURNS TABLE (request integer, granted boolean, permit_id uuid, holder text, acquired_at timestamptz,
@@ -528,13 +553,16 @@ DECLARE
   item_req integer[];        -- each item's request, 1.. in the order of their first items
   req_first integer[];       -- each request's first item
   req_ids uuid[];            -- each request's permit id, if it is granted
+  base text;                 -- a random uuid, the ids of starts without permit rows are made of it
   g_names text[];
   g_keys text[];
   g_units integer[];
   queued boolean[];          -- per key: live waiters stand in its line
   decided boolean[];         -- per request: granted, refused, or not yet known
   fits boolean;              -- every request fits
+  leased boolean;            -- some item's throttle has a lease: a grant writes permit rows
   bad boolean;
+  ascending boolean := true;  -- request numbers rise item by item: a request of one item each
   default_holder text := coalesce(nullif(current_setting('application_name'), ''), 'sql') || ':' || pg_backend_pid();
 BEGIN
   IF n IS NULL OR n = 0 THEN
@@ -546,34 +574,44 @@ BEGIN
     EXIT WHEN bad;
     bad := req[i] IS NULL OR names[i] IS NULL OR keys[i] IS NULL OR costs[i] IS NULL OR length(keys[i]) > 200
            OR coalesce(length(holders[i]) > 200, false) OR costs[i] NOT BETWEEN 1 AND 1000000;
+    ascending := ascending AND (i = 1 OR req[i] > req[i - 1]);
   END LOOP;
   IF bad THEN
     RAISE EXCEPTION USING ERRCODE = 'OX003',
       MESSAGE = 'Each item needs a request number, a throttle name, a key (a text of at most 200 characters), a cost from 1 to 1000000 and a holder of at most 200 characters (null: the session)';
   END IF;
   -- (An IF with a subquery is run as a query, even where n > 1 is false.)
-  IF n > 1 THEN
+  IF n > 1 AND NOT ascending THEN
     IF EXISTS (SELECT 1 FROM unnest(req, names, keys) AS u(r, n, k) GROUP BY u.r, u.n, u.k HAVING count(*) > 1) THEN
       RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = 'A request names each throttle and key at most once';
     END IF;
   END IF;
 
   -- The distinct keys in lock order, each with the smallest cost asked of it; each item's key
-  -- and request (one item: itself, with no statement).
+  -- and request (one item: itself, with no statement; items that are each a request, in
+  -- order: their keys ranked, nothing to number).
   IF n = 1 THEN
     g_names := names; g_keys := keys; g_units := costs; item_key := ARRAY[1]; item_req := ARRAY[1];
-    req_first := ARRAY[1]; req_ids := ARRAY[gen_random_uuid()];
+    req_first := ARRAY[1];
   ELSE
     SELECT array_agg(x.n ORDER BY x.n, x.k), array_agg(x.k ORDER BY x.n, x.k), array_agg(x.u ORDER BY x.n, x.k)
       INTO g_names, g_keys, g_units
       FROM (SELECT u.n, u.k, min(u.c) AS u FROM unnest(names, keys, costs) AS u(n, k, c) GROUP BY u.n, u.k) AS x;
-    SELECT array_agg(x.g ORDER BY x.i), array_agg(x.r ORDER BY x.i),
-           array_agg(x.i ORDER BY x.i) FILTER (WHERE x.i = x.first), array_agg(gen_random_uuid()) FILTER (WHERE x.i = x.first)
-      INTO item_key, item_req, req_first, req_ids
-      FROM (SELECT y.i, y.first, dense_rank() OVER (ORDER BY y.n, y.k)::integer AS g,
-                   dense_rank() OVER (ORDER BY y.first)::integer AS r
-              FROM (SELECT u.i, u.n, u.k, min(u.i) OVER (PARTITION BY u.r) AS first
-                      FROM unnest(req, names, keys) WITH ORDINALITY AS u(r, n, k, i)) AS y) AS x;
+    IF ascending THEN
+      SELECT array_agg(x.g ORDER BY x.i), array_agg(x.i::integer ORDER BY x.i)
+        INTO item_key, item_req
+        FROM (SELECT u.i, dense_rank() OVER (ORDER BY u.n, u.k)::integer AS g
+                FROM unnest(names, keys) WITH ORDINALITY AS u(n, k, i)) AS x;
+      req_first := item_req;
+    ELSE
+      SELECT array_agg(x.g ORDER BY x.i), array_agg(x.r ORDER BY x.i),
+             array_agg(x.i ORDER BY x.i) FILTER (WHERE x.i = x.first)
+        INTO item_key, item_req, req_first
+        FROM (SELECT y.i, y.first, dense_rank() OVER (ORDER BY y.n, y.k)::integer AS g,
+                     dense_rank() OVER (ORDER BY y.first)::integer AS r
+                FROM (SELECT u.i, u.n, u.k, min(u.i) OVER (PARTITION BY u.r) AS first
+                        FROM unnest(req, names, keys) WITH ORDINALITY AS u(r, n, k, i)) AS y) AS x;
+    END IF;
   END IF;
   ks := {{schema}}.throttle_fold({{schema}}.throttle_lock(g_names, g_keys, g_units));
   -- The table is empty unless someone waits: then nothing more is read.
@@ -585,15 +623,17 @@ BEGIN
   -- counting the undecided ones (upper) or not (lower). An item fits at the upper count (1), at
   -- the lower only (0), or not even there (-1).
   -- Every request is granted when on each key its last item fits after all the others on it:
-  -- grants only tighten a key (throttle_verdict), so each item before it fits too; this is
+  -- grants only tighten a key (throttle_item), so each item before it fits too; this is
   -- the first round's answer, for one throttle_item per key instead of one per item.
   IF n = 1 THEN
     fits := ({{schema}}.throttle_item(ks[1], costs[1], queued[1], line_first)).reason IS NULL;
+    leased := (ks[1]).lease_ms IS NOT NULL;
   ELSE
     SELECT bool_and(({{schema}}.throttle_item(CASE WHEN x.n > 1 THEN {{schema}}.throttle_after(ks[x.g], x.n - 1, x.units - x.cost)
                                                    ELSE ks[x.g] END,
-                                              x.cost, queued[x.g], line_first)).reason IS NULL)
-      INTO fits
+                                              x.cost, queued[x.g], line_first)).reason IS NULL),
+           bool_or((ks[x.g]).lease_ms IS NOT NULL)
+      INTO fits, leased
       FROM (SELECT DISTINCT ON (u.g) u.g, u.cost, count(*) OVER w AS n, sum(u.cost) OVER w AS units
               FROM unnest(item_req, item_key, costs) AS u(r, g, cost)
             WINDOW w AS (PARTITION BY u.g)
@@ -623,23 +663,49 @@ BEGIN
             SELECT r, NULL FROM generate_subscripts(decided, 1) AS r WHERE decided[r] IS NOT NULL) AS x;
   END LOOP;
 
-  -- Step 4. Each item with its key as it stood before it; a refused request answers with the item
+  -- Step 4. Each key as it stands after its grants, written back (with what the fold changed).
+  UPDATE {{schema}}.throttle_state AS st
+     SET incarnation = x.state_incarnation, last_start = x.last_start, every_from = x.every_from, tat = x.tat,
+         last_end = x.last_end, last_outcome = x.last_outcome, last_error = x.last_error,
+         last_permit = x.last_permit, starts = x.starts, decided_at = x.c, swept_until = x.c,
+         paused_until = x.paused_until, own_every_ms = x.own_every_ms, own_rate_limit = x.own_rate_limit,
+         own_per_ms = x.own_per_ms, own_concurrency = x.own_concurrency, live_units = x.live
+    FROM (SELECT (t.k).* FROM (
+            SELECT {{schema}}.throttle_after(ks[u.g], count(*) FILTER (WHERE decided[u.r]),
+                                             coalesce(sum(u.cost) FILTER (WHERE decided[u.r]), 0)) AS k
+              FROM unnest(item_req, item_key, costs) AS u(r, g, cost)
+             GROUP BY u.g
+            OFFSET 0) AS t) AS x
+   WHERE x.changed AND st.name = x.name AND st.key = x.key;
+
+  -- Every request granted and no permit row to write: each answers with its first key's instant.
+  IF fits AND NOT leased THEN
+    base := gen_random_uuid()::text;
+    RETURN QUERY
+    SELECT req[req_first[r]], true, (left(base, 24) || lpad(to_hex(r), 12, '0'))::uuid,
+           coalesce(holders[req_first[r]], default_holder), (ks[item_key[req_first[r]]]).c, NULL::timestamptz,
+           0::bigint, NULL::text, NULL::text, NULL::text
+      FROM generate_subscripts(req_first, 1) AS r;
+    RETURN;
+  END IF;
+
+  -- Step 5. Each item with its key as it stood before it; a refused request answers with the item
   -- that waits longest (the first of them on a tie). Each request's values are read from arrays
-  -- or aggregated, each key's from its first item's row: no join of the items to themselves,
-  -- which are as many as 256 (a nested loop over them was quadratic).
+  -- or aggregated: no join of the items to themselves, which are as many as 256 (a nested loop
+  -- over them was quadratic).
+  req_ids := '{}';
+  FOR r IN 1..cardinality(req_first) LOOP
+    req_ids := req_ids || gen_random_uuid();
+  END LOOP;
   RETURN QUERY
   WITH item AS (
     SELECT u.i, u.r, u.g, u.cost, decided[u.r] AS ok, u.i = req_first[u.r] AS leads,
-           row_number() OVER before = 1 AS key_first,
-           count(*) FILTER (WHERE decided[u.r]) OVER whole AS key_n,
-           coalesce(sum(u.cost) FILTER (WHERE decided[u.r]) OVER whole, 0) AS key_units,
            CASE WHEN count(*) FILTER (WHERE decided[u.r]) OVER before > 0
                 THEN {{schema}}.throttle_after(ks[u.g], count(*) FILTER (WHERE decided[u.r]) OVER before,
                                                coalesce(sum(u.cost) FILTER (WHERE decided[u.r]) OVER before, 0))
                 ELSE ks[u.g] END AS k
       FROM unnest(item_req, item_key, costs) WITH ORDINALITY AS u(r, g, cost, i)
-    WINDOW before AS (PARTITION BY u.g ORDER BY u.r ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-           whole AS (PARTITION BY u.g)
+    WINDOW before AS (PARTITION BY u.g ORDER BY u.r ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
   ), verdict AS (
     SELECT item.*, v.wait, v.reason
       FROM item
@@ -662,19 +728,6 @@ BEGIN
            (v.k).c, (v.k).c + (v.k).lease_ms * interval '1 millisecond', (v.k).every_from, (v.k).unit * v.cost, v.cost
       FROM verdict AS v
      WHERE v.ok AND (v.k).lease_ms IS NOT NULL
-  ), state AS (
-    UPDATE {{schema}}.throttle_state AS st
-       SET incarnation = x.state_incarnation, last_start = x.last_start, every_from = x.every_from, tat = x.tat,
-           last_end = x.last_end, last_outcome = x.last_outcome, last_error = x.last_error,
-           last_permit = x.last_permit, starts = x.starts, decided_at = x.c, swept_until = x.c,
-           paused_until = x.paused_until, own_every_ms = x.own_every_ms, own_rate_limit = x.own_rate_limit,
-           own_per_ms = x.own_per_ms, own_concurrency = x.own_concurrency, live_units = x.live
-      FROM (SELECT (t.k).* FROM (
-              SELECT {{schema}}.throttle_after(ks[v.g], v.key_n, v.key_units) AS k
-                FROM verdict AS v
-               WHERE v.key_first
-              OFFSET 0) AS t) AS x
-     WHERE x.changed AND st.name = x.name AND st.key = x.key
   )
   SELECT req[req_first[a.r]], a.ok, CASE WHEN a.ok THEN req_ids[a.r] END,
          CASE WHEN a.ok THEN coalesce(holders[req_first[a.r]], default_holder) END,
