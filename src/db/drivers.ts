@@ -52,6 +52,21 @@ const ACCEPTED =
  */
 export function recognise(tx: unknown): Queryable {
   if (tx instanceof Adapted) return tx;
+  if ((typeof tx !== 'object' && typeof tx !== 'function') || tx === null) return shape(tx);
+  // A transaction's connection comes back call after call (every number of a business
+  // transaction, a pooled client for many): its adapter is made once. The adapters keep no
+  // state but the object, and look its methods up on each call.
+  let known = adapters.get(tx as object);
+  if (known === undefined) {
+    known = shape(tx);
+    adapters.set(tx as object, known);
+  }
+  return known;
+}
+
+const adapters = new WeakMap<object, Queryable>();
+
+function shape(tx: unknown): Queryable {
   const drizzle = drizzleKind(tx);
   if (drizzle) return fromDrizzle(tx as DrizzleTransaction);
   const t = tx as Record<string, unknown> | null | undefined;

@@ -8,7 +8,13 @@ import type { Queryable } from './queryable.js';
  * a request still queued when it is ended, so such a call would wait forever.
  */
 export class InFlight {
-  private readonly pending = new Set<Promise<unknown>>();
+  /**
+   * Counted, not kept: a promise held in a long-lived Set outlives young-generation collections
+   * with its reactions and, once settled, its result rows, which then take a full collection
+   * to free. 16 callers numbering in their transactions spent twice the time in GC for it.
+   */
+  private pending = 0;
+  private drained: (() => void)[] = [];
 
   /**
    * @param pool where statements that never reached the server are sent again: another
@@ -22,23 +28,39 @@ export class InFlight {
   ) {}
 
   track<T>(work: Promise<T>): Promise<T> {
-    this.pending.add(work);
-    work.then(
-      () => this.pending.delete(work),
-      () => this.pending.delete(work),
-    );
+    this.pending++;
+    work.then(this.settled, this.settled);
     return work;
   }
+
+  private readonly settled = (): void => {
+    if (--this.pending > 0) return;
+    const waiting = this.drained;
+    this.drained = [];
+    for (const wake of waiting) wake();
+  };
 
   /**
    * One statement, tracked; its error becomes an OrdoError with the statement attached. A
    * statement on the pool that never reached the server is sent again (see retry).
    */
   query(db: Queryable, text: string, values: unknown[], retryMs = this.retryMs): Promise<{ rows: any[] }> {
-    return this.track(
-      this.retry(() => db.query(text, values), db === this.pool ? retryMs : 0).catch((e: unknown) => {
+    // The hot path of every call in a caller's transaction: one promise, tracked and translated
+    // in one step (a number or an append there costs Node less than the statement's own I/O).
+    const sent =
+      db === this.pool && retryMs > 0
+        ? this.retry(() => db.query(text, values), retryMs)
+        : send(db, text, values);
+    this.pending++;
+    return sent.then(
+      (result) => {
+        this.settled();
+        return result;
+      },
+      (e: unknown) => {
+        this.settled();
         throw toOrdoError(e, text);
-      }),
+      },
     );
   }
 
@@ -62,10 +84,28 @@ export class InFlight {
   }
 
   get busy(): boolean {
-    return this.pending.size > 0;
+    return this.pending > 0;
   }
 
+  /**
+   * Resolves once nothing is in flight, work accepted meanwhile included. A call of several
+   * statements sends its next one from the answer's continuation: the count is looked at again
+   * only once those have run (after a turn of the event loop), or close() could end the pool
+   * between two statements of one call.
+   */
   async idle(): Promise<void> {
-    while (this.pending.size > 0) await Promise.allSettled([...this.pending]);
+    while (this.pending > 0) {
+      await new Promise<void>((wake) => this.drained.push(wake));
+      await new Promise<void>((turn) => setImmediate(turn));
+    }
+  }
+}
+
+/** db.query, whose synchronous throw (a driver refusing its arguments) becomes a rejection. */
+function send(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
+  try {
+    return db.query(text, values);
+  } catch (e) {
+    return Promise.reject(e);
   }
 }

@@ -81,6 +81,12 @@ export const MAX_IDEMPOTENCY_KEY_LENGTH = 200;
 /** Most rows one listing returns. */
 const MAX_LISTED = 10_000;
 
+/** A definition being looked up, and once it has answered, its value. */
+interface KnownDefinition {
+  lookup: Promise<SequenceDefinition>;
+  value?: SequenceDefinition;
+}
+
 interface Checked {
   name: string;
   scope: string;
@@ -91,8 +97,11 @@ interface Checked {
 
 export class Sequences {
   private readonly coalescer: Coalescer;
-  /** Definitions this node has used, for dispatch by kind; dropped on any change. One lookup per name at a time. */
-  private readonly definitions = new Map<string, Promise<SequenceDefinition>>();
+  /**
+   * Definitions this node has used, for dispatch by kind; dropped on any change. One lookup per
+   * name at a time; `value` once it has answered, for next({ tx }) to go straight to the statement.
+   */
+  private readonly definitions = new Map<string, KnownDefinition>();
   private readonly batched: BatchedRegistry;
 
   /** @internal */
@@ -263,14 +272,28 @@ export class Sequences {
    * The next value. Gapless: inside `tx` when given (a rollback gives it back), else coalesced
    * with concurrent standalone calls. Batched: from this node's range in memory (never in `tx`).
    */
-  async next(name: string, options: NextOptions = {}): Promise<Issued> {
-    return (await this.take(name, 1, options))[0]!;
+  next(name: string, options: NextOptions = {}): Promise<Issued> {
+    let c: Checked;
+    try {
+      this.ensureOpen(options?.tx !== undefined);
+      c = checkNext(name, options);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    // One number in the caller's transaction of a sequence known gapless: the statement and
+    // nothing around it. Each async step a call waits through costs Node more than its work
+    // (16 callers in transactions: 2 to 3 µs a step, against a statement's 80 µs in all).
+    if (c.tx && c.idempotencyKey === undefined && this.definitions.get(c.name)?.value?.kind === 'gapless') {
+      return this.takeValue(c.tx, c);
+    }
+    return this.take(c, 1).then((issued) => issued[0]!);
   }
 
   /** `count` consecutive values (gapless: one statement; batched: from this node's ranges). */
   async nextMany(name: string, count: number, options: NextOptions = {}): Promise<Issued[]> {
     this.ensureOpen(options?.tx !== undefined);
-    return this.take(name, safeInteger('count', count, 1, MAX_COUNT), options);
+    const checked = safeInteger('count', count, 1, MAX_COUNT);
+    return this.take(checkNext(name, options), checked);
   }
 
   /** @internal A batched value straight from memory, or undefined. The hot path of ordo.nextval(). */
@@ -336,9 +359,8 @@ export class Sequences {
     return this.batched.close();
   }
 
-  private async take(name: string, count: number, options: NextOptions, retried = false): Promise<Issued[]> {
-    this.ensureOpen(options?.tx !== undefined);
-    const c = checkNext(name, options);
+  private async take(c: Checked, count: number, retried = false): Promise<Issued[]> {
+    this.ensureOpen(c.tx !== undefined);
     const definition = await this.definition(c.name, c.tx);
     try {
       if (definition.kind === 'batched') return await this.takeBatched(definition, c, count);
@@ -350,14 +372,24 @@ export class Sequences {
       }
       return await this.coalescer.take(c.name, c.scope, c.at, count);
     } catch (e) {
-      const sqlstate = (e as { cause?: { code?: string } }).cause?.code;
-      const stale = sqlstate === 'OX004' || (e instanceof OrdoError && e.code === 'sequence_not_found');
-      if (stale) this.forget(c.name);
       // Redefined as the other kind by another node since we looked: once more, freshly. Not in
       // a caller's transaction: the error has aborted it, and the caller must know.
-      if (sqlstate === 'OX004' && !retried && !c.tx) return this.take(name, count, options, true);
+      if (this.forgetIfStale(e, c.name) === 'other kind' && !retried && !c.tx)
+        return this.take(c, count, true);
       throw e;
     }
+  }
+
+  /** Forgets a definition the error shows changed since it was read; says how. */
+  private forgetIfStale(e: unknown, name: string): 'other kind' | 'removed' | undefined {
+    const stale =
+      (e as { cause?: { code?: string } }).cause?.code === 'OX004'
+        ? 'other kind'
+        : e instanceof OrdoError && e.code === 'sequence_not_found'
+          ? 'removed'
+          : undefined;
+    if (stale) this.forget(name);
+    return stale;
   }
 
   private async takeBatched(definition: SequenceDefinition, c: Checked, count: number): Promise<Issued[]> {
@@ -384,19 +416,20 @@ export class Sequences {
    * would wait behind them all.
    */
   private definition(name: string, tx?: Queryable): Promise<SequenceDefinition> {
-    let known = this.definitions.get(name);
-    if (!known) {
-      known = this.run(tx ?? this.pool, this.plans.get, [name]).then(({ rows }) => {
+    const known = this.definitions.get(name);
+    if (known) return known.lookup;
+    const entry: KnownDefinition = {
+      lookup: this.run(tx ?? this.pool, this.plans.get, [name]).then(({ rows }) => {
         if (!rows[0]) throw sequenceNotFound(name);
-        return toDefinition(rows[0]);
-      });
-      this.definitions.set(name, known);
-      const lookup = known;
-      known.catch(() => {
-        if (this.definitions.get(name) === lookup) this.definitions.delete(name);
-      });
-    }
-    return known;
+        entry.value = toDefinition(rows[0]);
+        return entry.value;
+      }),
+    };
+    this.definitions.set(name, entry);
+    entry.lookup.catch(() => {
+      if (this.definitions.get(name) === entry) this.definitions.delete(name);
+    });
+    return entry.lookup;
   }
 
   private forget(name: string): void {
@@ -415,11 +448,18 @@ export class Sequences {
     return rows.map((r) => ({ value: Number(r.value), text: r.text, period: r.period, scope }));
   }
 
-  /** The hot path of next({ tx }): one value, one statement. */
-  private async takeValue(db: Queryable, c: Checked): Promise<Issued> {
-    const { rows } = await this.run(db, this.plans.takeValue, [c.name, c.scope, c.at]);
-    const [value, text, period] = arrayElements(rows[0].issued) as [string, string, string | null];
-    return { value: Number(value), text, period: nullable(period), scope: c.scope };
+  /** The hot path of next({ tx }): one value, one statement; a definition it shows stale is forgotten. */
+  private takeValue(db: Queryable, c: Checked): Promise<Issued> {
+    return this.run(db, this.plans.takeValue, [c.name, c.scope, c.at]).then(
+      ({ rows }) => {
+        const [value, text, period] = arrayElements(rows[0].issued) as [string, string, string | null];
+        return { value: Number(value), text, period: nullable(period), scope: c.scope };
+      },
+      (e: unknown) => {
+        this.forgetIfStale(e, c.name);
+        throw e;
+      },
+    );
   }
 
   private async takeOnce(db: Queryable, c: Checked, count: number): Promise<Issued[]> {
