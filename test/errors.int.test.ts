@@ -699,6 +699,20 @@ describe('closed', () => {
     await Promise.all(calls);
   });
 
+  it('a call of several statements made just before close() is answered whole: close() ends the pool after its last statement', async () => {
+    const other = await createOrdo({ databaseUrl: db.url });
+    await other.sequences.define({ name: 'closing_steps', kind: 'batched', batch: 10 });
+    await ordo.sequences.define({ name: 'closing_gapless' });
+    // alterTimeout sends its change, then reads the definition back: its second statement starts
+    // from the first one's answer, when nothing is in flight for a moment.
+    const altered = other.sequences.alterTimeout('closing_steps', '5s');
+    // A standalone next() of a sequence this client has not looked up: the lookup, then the take.
+    const first = other.sequences.next('closing_gapless');
+    await other.close();
+    await expect(altered).resolves.toMatchObject({ name: 'closing_steps', timeoutMs: 5000 });
+    await expect(first).resolves.toMatchObject({ value: 1 });
+    expect((await ordo.sequences.get('closing_steps'))?.timeoutMs).toBe(5000);
+  });
   it('refuses even arguments it would otherwise reject as invalid', async () => {
     const other = await createOrdo({ databaseUrl: db.url });
     await other.close();

@@ -163,7 +163,12 @@ export class Sequences {
 
   async get(name: string): Promise<SequenceDefinition | null> {
     this.ensureOpen();
-    const { rows } = await this.run(this.pool, this.plans.get, [identifier('name', name)]);
+    return this.read(identifier('name', name));
+  }
+
+  /** The stored definition, by a call already accepted (not refused once close() has begun). */
+  private async read(name: string): Promise<SequenceDefinition | null> {
+    const { rows } = await this.run(this.pool, this.plans.get, [name]);
     return rows[0] ? toDefinition(rows[0]) : null;
   }
 
@@ -183,7 +188,7 @@ export class Sequences {
     ]);
     if (!rows[0].altered) throw sequenceNotFound(name);
     this.definitions.delete(name);
-    const definition = (await this.get(name))!;
+    const definition = (await this.read(name))!;
     this.batched.redefined(definition);
     return definition;
   }
