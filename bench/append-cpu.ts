@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { createOrdo } from '../src/index.js';
-import { backendCpu, type CpuVariant, measureCpu, withScratchDatabase } from './cpu.js';
+import { backendCpu, inTransactions, measureCpu, withScratchDatabase } from './cpu.js';
 import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
 
 /**
@@ -60,18 +60,7 @@ await withScratchDatabase('ordo_append_cpu', url, async (target) => {
     /** outbox (a). */
     'append({ tx })': (i) => ordo.outbox.append(TOPIC, messages(i), { tx: client }),
   };
-  const variants: Record<string, CpuVariant> = {};
-  for (const [name, append] of Object.entries(appends)) {
-    variants[name] = {
-      ops: 1,
-      server,
-      run: async (i) => {
-        await client.query('BEGIN');
-        await append(i);
-        await client.query('COMMIT');
-      },
-    };
-  }
+  const variants = inTransactions(client, server, appends);
   await measureCpu(variants, {
     ops: N,
     rounds: ROUNDS,

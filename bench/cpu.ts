@@ -39,6 +39,31 @@ export interface CpuVariant {
   server(): number;
 }
 
+/**
+ * Each call as a variant of one operation: `BEGIN; call(i); COMMIT` on `client`, whose backend's
+ * CPU is `server`.
+ */
+export function inTransactions(
+  client: { query(text: string): Promise<unknown> },
+  server: () => number,
+  calls: Record<string, (i: number) => Promise<unknown>>,
+): Record<string, CpuVariant> {
+  return Object.fromEntries(
+    Object.entries(calls).map(([name, call]) => [
+      name,
+      {
+        ops: 1,
+        server,
+        run: async (i: number) => {
+          await client.query('BEGIN');
+          await call(i);
+          await client.query('COMMIT');
+        },
+      },
+    ]),
+  );
+}
+
 export interface CpuRounds {
   /** Operations per variant, in all rounds. */
   ops: number;

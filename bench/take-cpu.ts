@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { createOrdo } from '../src/index.js';
-import { backendCpu, type CpuVariant, measureCpu, withScratchDatabase } from './cpu.js';
+import { backendCpu, inTransactions, measureCpu, withScratchDatabase } from './cpu.js';
 import { COUNTERS_DDL, UPSERT } from './gapless.js';
 
 /**
@@ -26,33 +26,24 @@ await withScratchDatabase('ordo_take_cpu', url, async (target) => {
   await client.query(COUNTERS_DDL);
   const server = await backendCpu((text) => client.query(text));
 
-  const takes: Record<string, (scope: string) => Promise<unknown>> = {
+  /** The i-th take is on key k(i mod 64). */
+  const scope = (i: number) => `k${i % 64}`;
+  const takes: Record<string, (i: number) => Promise<unknown>> = {
     /** gapless (b): the hand-written limit. */
-    upsert: (scope) => client.query(UPSERT, [scope]),
+    upsert: (i) => client.query(UPSERT, [scope(i)]),
     /** The statement next({ tx }) sent before 0018. */
-    'take() sql': (scope) =>
+    'take() sql': (i) =>
       client.query(
         `SELECT value, text, period FROM ordo.take($1, $2, coalesce($3::timestamptz, now()), $4) CROSS JOIN (SELECT set_config('synchronous_commit', 'on', true)) AS durable`,
-        [NAME, scope, null, 1],
+        [NAME, scope(i), null, 1],
       ),
     /** The statement it sends since 0018, alone. */
-    'take_value() sql': (scope) =>
-      client.query('SELECT ordo.take_value($1, $2, $3) AS issued', [NAME, scope, null]),
+    'take_value() sql': (i) =>
+      client.query('SELECT ordo.take_value($1, $2, $3) AS issued', [NAME, scope(i), null]),
     /** gapless (a). */
-    'next({ tx })': (scope) => ordo.sequences.next(NAME, { scope, tx: client }),
+    'next({ tx })': (i) => ordo.sequences.next(NAME, { scope: scope(i), tx: client }),
   };
-  const variants: Record<string, CpuVariant> = {};
-  for (const [name, take] of Object.entries(takes)) {
-    variants[name] = {
-      ops: 1,
-      server,
-      run: async (i) => {
-        await client.query('BEGIN');
-        await take(`k${i % 64}`);
-        await client.query('COMMIT');
-      },
-    };
-  }
+  const variants = inTransactions(client, server, takes);
   await measureCpu(variants, { ops: N, rounds: ROUNDS, warmup: 500, what: 'BEGIN; take; COMMIT' });
   client.release();
   await ordo.close();

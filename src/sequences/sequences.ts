@@ -365,8 +365,8 @@ export class Sequences {
     return this.batched.close();
   }
 
+  /** A call next() or nextMany() has accepted (checked, and open). */
   private async take(c: Checked, count: number, retried = false): Promise<Issued[]> {
-    this.ensureOpen(c.tx !== undefined);
     const definition = await this.definition(c.name, c.tx);
     try {
       if (definition.kind === 'batched') return await this.takeBatched(definition, c, count);
@@ -380,8 +380,10 @@ export class Sequences {
     } catch (e) {
       // Redefined as the other kind by another node since we looked: once more, freshly. Not in
       // a caller's transaction: the error has aborted it, and the caller must know.
-      if (this.forgetIfStale(e, c.name) === 'other kind' && !retried && !c.tx)
+      if (this.forgetIfStale(e, c.name) === 'other kind' && !retried && !c.tx) {
+        this.ensureOpen();
         return this.take(c, count, true);
+      }
       throw e;
     }
   }
