@@ -19,19 +19,20 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  * the tables it writes are emptied and a CHECKPOINT is taken, so that no script meets a larger
  * table than another. Needs pgbench (Debian: postgresql-client) and the server at DATABASE_URL.
  *
- *   DATABASE_URL=… npx tsx bench/pgbench.ts [append|take …] [rounds]   (default: both, 3 rounds)
+ *   DATABASE_URL=… npx tsx bench/pgbench.ts [append|take|take-keys …] [rounds]   (default: all, 3 rounds)
  *
  * append  BEGIN; one message; COMMIT: append_answer, a plain INSERT into the outbox bench's
  *         table, and a plain INSERT into a table laid out as ordo.messages (LIKE … INCLUDING ALL)
  * take    BEGIN; a number of one hot counter; INSERT the invoice; COMMIT: take_value, and the
  *         gapless bench's upsert
+ * take-keys  the same on a counter drawn from 64 per transaction
  */
 const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 const args = process.argv.slice(2);
 const rounds = Number(args.find((a) => /^\d+$/.test(a)) ?? 3);
 const suites = args.filter((a) => !/^\d+$/.test(a));
-if (suites.some((s) => s !== 'append' && s !== 'take') || rounds < 1) {
-  console.error('usage: npx tsx bench/pgbench.ts [append|take …] [rounds]');
+if (suites.some((s) => !['append', 'take', 'take-keys'].includes(s)) || rounds < 1) {
+  console.error('usage: npx tsx bench/pgbench.ts [append|take|take-keys …] [rounds]');
   process.exit(2);
 }
 const run = promisify(execFile);
@@ -50,6 +51,29 @@ BEGIN;
 ${inline(PLAIN_APPEND.replace('bench_plain_outbox', table), [topic, types, keys, data])};
 COMMIT;
 `;
+/**
+ * BEGIN; a number of the counter of `scope` (SQL, after `prelude`); INSERT the invoice; COMMIT:
+ * as sequences.next({ tx }) and the gapless bench's upsert send them.
+ */
+function takeSuite(scope: string, prelude = '') {
+  return {
+    variants: {
+      take_value: `${prelude}BEGIN;
+SELECT (t.issued)[1] AS number FROM (${inline(plans.sequences.takeValue, [`'daily'`, scope, 'NULL'])}) AS t \\gset
+INSERT INTO bench_invoices (number) VALUES (:number);
+COMMIT;
+`,
+      upsert: `${prelude}BEGIN;
+${inline(UPSERT, [scope])} \\gset
+INSERT INTO bench_invoices (number) VALUES (:value);
+COMMIT;
+`,
+    },
+    baseline: 'upsert',
+    empty: 'TRUNCATE bench_invoices, bench_counters, ordo.counters',
+  };
+}
+
 /** Each suite's scripts; `baseline` is the one the others are compared with. */
 const scripts: Record<string, { variants: Record<string, string>; baseline: string; empty: string }> = {
   append: {
@@ -65,23 +89,8 @@ COMMIT;
     baseline: 'plain INSERT',
     empty: 'TRUNCATE ordo.messages, bench_plain_outbox, bench_shaped_outbox',
   },
-  take: {
-    // As sequences.next({ tx }) and the gapless bench's upsert send them; the invoice stores the number.
-    variants: {
-      take_value: `BEGIN;
-SELECT (t.issued)[1] AS number FROM (${inline(plans.sequences.takeValue, [`'daily'`, `'hot'`, 'NULL'])}) AS t \\gset
-INSERT INTO bench_invoices (number) VALUES (:number);
-COMMIT;
-`,
-      upsert: `BEGIN;
-${inline(UPSERT, [`'hot'`])} \\gset
-INSERT INTO bench_invoices (number) VALUES (:value);
-COMMIT;
-`,
-    },
-    baseline: 'upsert',
-    empty: 'TRUNCATE bench_invoices, bench_counters, ordo.counters',
-  },
+  take: takeSuite(`'hot'`),
+  'take-keys': takeSuite(`'k' || :k`, '\\set k random(0, 63)\n'),
 };
 
 const dir = await mkdtemp(join(tmpdir(), 'ordo-pgbench-'));
