@@ -164,17 +164,6 @@ export async function interleave<K extends string>(
   return out;
 }
 
-/**
- * The settings for a comparison whose goal is a ratio close to 1 (ordo ≥ 0.9 × the hand-written
- * statement): `factor` times as many windows, of the same length. At the default 4 windows of
- * 1 s, two runs of the same code on 2 shared cores differed by up to 10%, more than such a goal
- * leaves; the windows of the variants still alternate, so the extra time narrows the noise and
- * moves neither variant more than the other.
- */
-export function closeComparison<C extends Pick<BenchContext, 'seconds' | 'rounds'>>(ctx: C, factor = 3): C {
-  return { ...ctx, seconds: ctx.seconds * factor, rounds: ctx.rounds * factor };
-}
-
 /** A pool whose connections are opened before the clock starts. */
 export async function openPool(url: string, max: number, applicationName: string): Promise<pg.Pool> {
   const pool = new pg.Pool({ connectionString: url, max, application_name: applicationName });

@@ -6,7 +6,6 @@ import pg from 'pg';
 import { createOrdo, type Ordo, type OutboxMessage, type Subscription } from '../src/index.js';
 import {
   type BenchContext,
-  closeComparison,
   fmt,
   forgottenSession,
   interleave,
@@ -988,7 +987,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
   try {
     const before = await others(admin);
     await admin.query(PLAIN_DDL);
-    const tables = [await appendThroughput(closeComparison(ctx), admin, ordo)];
+    const tables = [await appendThroughput(ctx, admin, ordo)];
     tables.push(await consumerThroughput(ctx, admin));
     tables.push(await latency(ctx, admin, ordo));
     tables.push(await chaos(ctx, admin, ordo));
