@@ -1,5 +1,6 @@
 import pg from 'pg';
 import { createOrdo } from '../src/index.js';
+import { outboxPlans } from '../src/outbox/plans.js';
 import { backendCpu, inTransactions, measureCpu, withScratchDatabase } from './cpu.js';
 import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
 
@@ -42,20 +43,17 @@ await withScratchDatabase('ordo_append_cpu', url, async (target) => {
         batch.map((m) => JSON.stringify(m.data)),
       ]);
     },
-    /** The statement append({ tx }) sends, by hand. */
+    /** The statement append({ tx }) sends, by hand: no message ids, and no headers (null: stored as {}). */
     'append_answer() sql': (i) => {
       const batch = messages(i);
-      return client.query(
-        'SELECT ordo.append_answer($1, $2::text[], $3::jsonb[], $4::text[], $5::text[], $6::jsonb[]) AS answer',
-        [
-          TOPIC,
-          batch.map((m) => m.type),
-          batch.map((m) => JSON.stringify(m.data)),
-          batch.map((m) => m.key),
-          batch.map(() => null),
-          batch.map(() => '{}'),
-        ],
-      );
+      return client.query(outboxPlans('ordo').append, [
+        TOPIC,
+        batch.map((m) => m.type),
+        batch.map((m) => JSON.stringify(m.data)),
+        batch.map((m) => m.key),
+        batch.map(() => null),
+        batch.map(() => null),
+      ]);
     },
     /** outbox (a). */
     'append({ tx })': (i) => ordo.outbox.append(TOPIC, messages(i), { tx: client }),

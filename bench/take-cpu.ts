@@ -1,5 +1,6 @@
 import pg from 'pg';
 import { createOrdo } from '../src/index.js';
+import { sequencePlans } from '../src/sequences/plans.js';
 import { backendCpu, inTransactions, measureCpu, withScratchDatabase } from './cpu.js';
 import { COUNTERS_DDL, UPSERT } from './gapless.js';
 
@@ -38,8 +39,7 @@ await withScratchDatabase('ordo_take_cpu', url, async (target) => {
         [NAME, scope(i), null, 1],
       ),
     /** The statement it sends since 0018, alone. */
-    'take_value() sql': (i) =>
-      client.query('SELECT ordo.take_value($1, $2, $3) AS issued', [NAME, scope(i), null]),
+    'take_value() sql': (i) => client.query(sequencePlans('ordo').takeValue, [NAME, scope(i), null]),
     /** gapless (a). */
     'next({ tx })': (i) => ordo.sequences.next(NAME, { scope: scope(i), tx: client }),
   };
