@@ -68,6 +68,50 @@ describe('gapless under concurrency', () => {
     expect(await ordo.nextval('rollbacks')).toBe(k + 1);
   });
 
+  it('takers in transactions (queued on the counter’s lock) and SQL take() callers and standalone calls (queued on its row) share one counter: 1..k', async () => {
+    await ordo.sequences.define({ name: 'mixed_queues', reset: 'day' });
+    const day = '2030-02-01T12:00:00Z';
+    // A SQL caller of take() holds the row without the counter's advisory lock.
+    const viaSql = async (rollback: boolean) => {
+      const client = await raw.connect();
+      try {
+        await client.query('BEGIN');
+        const { rows } = await client.query(
+          `SELECT value FROM "${ordo.schema}".take('mixed_queues', 't', $1::timestamptz, 1)`,
+          [day],
+        );
+        await client.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
+          'mixed_queues',
+          't',
+          rows[0].value,
+        ]);
+        await sleep(2);
+        await client.query(rollback ? 'ROLLBACK' : 'COMMIT');
+        return !rollback;
+      } finally {
+        client.release();
+      }
+    };
+    const standalone = async () => {
+      const issued = await ordo.sequences.next('mixed_queues', { scope: 't', at: day });
+      await raw.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', ['mixed_queues', 't', issued.value]);
+      return true;
+    };
+    const outcomes = await Promise.all(
+      range(1, 48).map((i) =>
+        i % 3 === 0
+          ? viaSql(i % 4 === 0)
+          : i % 3 === 1
+            ? business('mixed_queues', { scope: 't', at: day, rollback: i % 4 === 1, holdMs: i % 3 }).then(
+                () => i % 4 !== 1,
+              )
+            : standalone(),
+      ),
+    );
+    const k = outcomes.filter(Boolean).length;
+    expect(await committed('mixed_queues', 't')).toEqual(range(1, k));
+  });
+
   it('the first calls of a new day racing each other get 1..n with no error', async () => {
     await ordo.sequences.define({ name: 'daily', reset: 'day', timeZone: 'Europe/Paris' });
     // In transactions, all at the same instant of a day never seen before.

@@ -187,6 +187,51 @@ describe('holders() names the transaction holding a counter', () => {
   });
 });
 
+describe('holders() counts takers queued on a counter’s lock', () => {
+  it('behind a SQL take() holding the row: the taker waiting for the row, and two queued behind that one', async () => {
+    await ordo.sequences.define({ name: 'h_queue' });
+    await ordo.sequences.next('h_queue', { scope: 'q' });
+    // take() from SQL locks the row and takes no counter lock; next({ tx }) takes both.
+    const holder = await connection('sql-holder');
+    await holder.query('BEGIN');
+    await holder.query(`SELECT value FROM "${ordo.schema}".take('h_queue', 'q', now(), 1)`);
+    const takers = await Promise.all(['q1', 'q2', 'q3'].map((n) => connection(n)));
+    const taking = takers.map(async (w) => {
+      await w.query('BEGIN');
+      const issued = await ordo.sequences.next('h_queue', { scope: 'q', tx: w });
+      await w.query('COMMIT');
+      return issued.value;
+    });
+    const held = await until(
+      () => ordo.sequences.holders('h_queue'),
+      (h) => h[0]?.waiting === 3,
+    );
+    expect(held).toMatchObject([{ scope: 'q', applicationName: 'sql-holder', waiting: 3 }]);
+    const counterLocks = await (await connection('observer')).query(
+      `SELECT count(*) FILTER (WHERE granted)::int AS granted, count(*) FILTER (WHERE NOT granted)::int AS queued
+         FROM pg_locks WHERE locktype = 'advisory' AND classid = hashtext($1)::oid`,
+      [`${ordo.schema}.counter`],
+    );
+    expect(counterLocks.rows[0]).toEqual({ granted: 1, queued: 2 });
+    await holder.query('COMMIT');
+    expect((await Promise.all(taking)).sort()).toEqual([3, 4, 5]);
+    expect(await ordo.sequences.holders('h_queue')).toEqual([]);
+  });
+
+  it('two periods of one scope are two counters: a number of another day is not queued behind today’s holder', async () => {
+    await ordo.sequences.define({ name: 'h_days', reset: 'day' });
+    const today = await connection('today');
+    await today.query('BEGIN');
+    await ordo.sequences.next('h_days', { scope: 's', tx: today, at: '2031-03-02T10:00:00Z' });
+    const other = await connection('other-day');
+    await other.query('BEGIN');
+    const issued = await ordo.sequences.next('h_days', { scope: 's', tx: other, at: '2031-03-01T10:00:00Z' });
+    expect(issued).toMatchObject({ value: 1, period: '2031-03-01' });
+    await other.query('COMMIT');
+    await today.query('COMMIT');
+  });
+});
+
 describe('holders() on a server with two-phase commit', () => {
   let server: OwnPostgres | undefined;
   let own: Ordo | undefined;
