@@ -94,7 +94,11 @@ describe('gapless under concurrency', () => {
     };
     const standalone = async () => {
       const issued = await ordo.sequences.next('mixed_queues', { scope: 't', at: day });
-      await raw.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', ['mixed_queues', 't', issued.value]);
+      await raw.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
+        'mixed_queues',
+        't',
+        issued.value,
+      ]);
       return true;
     };
     const outcomes = await Promise.all(

@@ -207,7 +207,9 @@ describe('holders() counts takers queued on a counter’s lock', () => {
       (h) => h[0]?.waiting === 3,
     );
     expect(held).toMatchObject([{ scope: 'q', applicationName: 'sql-holder', waiting: 3 }]);
-    const counterLocks = await (await connection('observer')).query(
+    const counterLocks = await (
+      await connection('observer')
+    ).query(
       `SELECT count(*) FILTER (WHERE granted)::int AS granted, count(*) FILTER (WHERE NOT granted)::int AS queued
          FROM pg_locks WHERE locktype = 'advisory' AND classid = hashtext($1)::oid`,
       [`${ordo.schema}.counter`],
