@@ -38,6 +38,14 @@ async function until<T>(probe: () => Promise<T>, done: (value: T) => boolean): P
   }
 }
 
+/** A transaction on `w` that takes a number of `name` in `scope` and commits: its value. */
+async function takeAndCommit(w: pg.Client, name: string, scope: string): Promise<number> {
+  await w.query('BEGIN');
+  const issued = await ordo.sequences.next(name, { scope, tx: w });
+  await w.query('COMMIT');
+  return issued.value;
+}
+
 const cli = (...args: string[]) => runCliSync(args, { env: { DATABASE_URL: db.url } });
 
 describe('holders() names the transaction holding a counter', () => {
@@ -54,12 +62,7 @@ describe('holders() names the transaction holding a counter', () => {
     const pid = (await forgotten.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
 
     const waiters = await Promise.all(['w1', 'w2', 'w3'].map((n) => connection(n)));
-    const waiting = waiters.map(async (w) => {
-      await w.query('BEGIN');
-      const issued = await ordo.sequences.next('h_invoice', { scope: 'acme', tx: w });
-      await w.query('COMMIT');
-      return issued.value;
-    });
+    const waiting = waiters.map((w) => takeAndCommit(w, 'h_invoice', 'acme'));
     const held = await until(
       () => ordo.sequences.holders('h_invoice'),
       (h) => h[0]?.waiting === 3,
@@ -156,17 +159,23 @@ describe('holders() names the transaction holding a counter', () => {
     await ordo.sequences.next('h_two', { scope: 'a', tx: holder });
     await ordo.sequences.next('h_two', { scope: 'b', tx: holder });
 
-    // Two take a number of a: INSERT … ON CONFLICT waits for the holder's transaction alone,
-    // naming no row. Two lock b's row: the first holds its tuple lock and waits for the
-    // holder, the second waits for the tuple lock.
-    const takers = await Promise.all(['ta1', 'ta2'].map((n) => connection(n)));
+    // Two take a number of a: next({ tx }) queues on a's counter lock, which the holder took
+    // with its number; take() from SQL (INSERT … ON CONFLICT) waits for the holder's
+    // transaction alone, naming no row. Two lock b's row: the first holds its tuple lock and
+    // waits for the holder, the second waits for the tuple lock.
+    const [queued, viaSql] = await Promise.all(['ta1', 'ta2'].map((n) => connection(n)));
     const lockers = await Promise.all(['lb1', 'lb2'].map((n) => connection(n)));
-    const taking = takers.map(async (w) => {
-      await w.query('BEGIN');
-      const issued = await ordo.sequences.next('h_two', { scope: 'a', tx: w });
-      await w.query('COMMIT');
-      return issued.value;
-    });
+    const taking = [
+      takeAndCommit(queued!, 'h_two', 'a'),
+      (async () => {
+        await viaSql!.query('BEGIN');
+        const { rows } = await viaSql!.query(
+          `SELECT value FROM "${ordo.schema}".take('h_two', 'a', now(), 1)`,
+        );
+        await viaSql!.query('COMMIT');
+        return Number(rows[0].value);
+      })(),
+    ];
     const locking = lockers.map((w) =>
       w.query(
         `SELECT value FROM "${ordo.schema}".counters WHERE sequence = 'h_two' AND scope = 'b' FOR UPDATE`,
@@ -196,12 +205,7 @@ describe('holders() counts takers queued on a counter’s lock', () => {
     await holder.query('BEGIN');
     await holder.query(`SELECT value FROM "${ordo.schema}".take('h_queue', 'q', now(), 1)`);
     const takers = await Promise.all(['q1', 'q2', 'q3'].map((n) => connection(n)));
-    const taking = takers.map(async (w) => {
-      await w.query('BEGIN');
-      const issued = await ordo.sequences.next('h_queue', { scope: 'q', tx: w });
-      await w.query('COMMIT');
-      return issued.value;
-    });
+    const taking = takers.map((w) => takeAndCommit(w, 'h_queue', 'q'));
     const held = await until(
       () => ordo.sequences.holders('h_queue'),
       (h) => h[0]?.waiting === 3,
