@@ -106,7 +106,7 @@ describe('gapless under concurrency', () => {
         i % 3 === 0
           ? viaSql(i % 4 === 0)
           : i % 3 === 1
-            ? business('mixed_queues', { scope: 't', at: day, rollback: i % 4 === 1, holdMs: i % 3 }).then(
+            ? business('mixed_queues', { scope: 't', at: day, rollback: i % 4 === 1, holdMs: i % 5 }).then(
                 () => i % 4 !== 1,
               )
             : standalone(),
