@@ -72,7 +72,7 @@ BEGIN
     INTO seq_kind, seq_increment, seq_before_max, seq_reset, seq_time_zone, seq_year_start, seq_format, seq_period
     FROM {{schema}}.sequences AS d WHERE d.name = seq_name;
   IF seq_kind = 'gapless' THEN
-    -- The counter's queue (above). A null scope or period: no lock, no row, and take() says why.
+    -- The counter's queue (above). A null scope: no lock, no row, and take() says why.
     IF pg_advisory_xact_lock(hashtext('{{schema_name}}.counter'), {{schema}}.counter_lock(seq_name, seq_scope, seq_period)) IS NULL THEN
       NULL;
     END IF;
