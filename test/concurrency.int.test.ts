@@ -32,15 +32,26 @@ async function committed(seq: string, scope = ''): Promise<number[]> {
   return rows.map((r) => Number(r.number));
 }
 
-/** One business transaction: take a number, store a document with it, commit or roll back. */
+/**
+ * One business transaction: take a number, store a document with it, commit or roll back. The
+ * number from next({ tx }), or with `viaSql` from a SQL call of take() (which holds the
+ * counter's row but not its advisory lock).
+ */
 async function business(
   seq: string,
-  opts: { scope?: string; at?: string; rollback: boolean; holdMs?: number },
-) {
+  opts: { scope?: string; at?: string; rollback: boolean; holdMs?: number; viaSql?: boolean },
+): Promise<{ value: number; period: string | null }> {
   const client = await raw.connect();
   try {
     await client.query('BEGIN');
-    const issued = await ordo.sequences.next(seq, { tx: client, scope: opts.scope, at: opts.at });
+    const issued = opts.viaSql
+      ? await client
+          .query(
+            `SELECT value, period FROM "${ordo.schema}".take($1, $2, coalesce($3::timestamptz, now()), 1)`,
+            [seq, opts.scope ?? '', opts.at ?? null],
+          )
+          .then(({ rows }) => ({ value: Number(rows[0].value), period: rows[0].period }))
+      : await ordo.sequences.next(seq, { tx: client, scope: opts.scope, at: opts.at });
     await client.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
       seq,
       opts.scope ?? '',
@@ -71,27 +82,6 @@ describe('gapless under concurrency', () => {
   it('takers in transactions (queued on the counter’s lock) and SQL take() callers and standalone calls (queued on its row) share one counter: 1..k', async () => {
     await ordo.sequences.define({ name: 'mixed_queues', reset: 'day' });
     const day = '2030-02-01T12:00:00Z';
-    // A SQL caller of take() holds the row without the counter's advisory lock.
-    const viaSql = async (rollback: boolean) => {
-      const client = await raw.connect();
-      try {
-        await client.query('BEGIN');
-        const { rows } = await client.query(
-          `SELECT value FROM "${ordo.schema}".take('mixed_queues', 't', $1::timestamptz, 1)`,
-          [day],
-        );
-        await client.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
-          'mixed_queues',
-          't',
-          rows[0].value,
-        ]);
-        await sleep(2);
-        await client.query(rollback ? 'ROLLBACK' : 'COMMIT');
-        return !rollback;
-      } finally {
-        client.release();
-      }
-    };
     const standalone = async () => {
       const issued = await ordo.sequences.next('mixed_queues', { scope: 't', at: day });
       await raw.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
@@ -102,15 +92,17 @@ describe('gapless under concurrency', () => {
       return true;
     };
     const outcomes = await Promise.all(
-      range(1, 48).map((i) =>
-        i % 3 === 0
-          ? viaSql(i % 4 === 0)
-          : i % 3 === 1
-            ? business('mixed_queues', { scope: 't', at: day, rollback: i % 4 === 1, holdMs: i % 5 }).then(
-                () => i % 4 !== 1,
-              )
-            : standalone(),
-      ),
+      range(1, 48).map((i) => {
+        if (i % 3 === 2) return standalone();
+        const rollback = i % 4 === 1;
+        return business('mixed_queues', {
+          scope: 't',
+          at: day,
+          rollback,
+          holdMs: i % 5,
+          viaSql: i % 3 === 0,
+        }).then(() => !rollback);
+      }),
     );
     const k = outcomes.filter(Boolean).length;
     expect(await committed('mixed_queues', 't')).toEqual(range(1, k));

@@ -215,7 +215,10 @@ describe('holders() counts takers queued on a counter’s lock', () => {
       await connection('observer')
     ).query(
       `SELECT count(*) FILTER (WHERE granted)::int AS granted, count(*) FILTER (WHERE NOT granted)::int AS queued
-         FROM pg_locks WHERE locktype = 'advisory' AND classid = hashtext($1)::oid`,
+         FROM pg_locks
+        WHERE locktype = 'advisory' AND classid = hashtext($1)::oid
+          AND objid = "${ordo.schema}".counter_lock('h_queue', 'q', '-infinity')::oid
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
       [`${ordo.schema}.counter`],
     );
     expect(counterLocks.rows[0]).toEqual({ granted: 1, queued: 2 });
@@ -231,6 +234,8 @@ describe('holders() counts takers queued on a counter’s lock', () => {
     await ordo.sequences.next('h_days', { scope: 's', tx: today, at: '2031-03-02T10:00:00Z' });
     const other = await connection('other-day');
     await other.query('BEGIN');
+    // Queued behind today's holder, it would fail here rather than wait for the test's timeout.
+    await other.query("SET LOCAL lock_timeout = '2s'");
     const issued = await ordo.sequences.next('h_days', { scope: 's', tx: other, at: '2031-03-01T10:00:00Z' });
     expect(issued).toMatchObject({ value: 1, period: '2031-03-01' });
     await other.query('COMMIT');
