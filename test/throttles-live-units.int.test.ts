@@ -36,7 +36,7 @@ async function counted(
   pool: pg.Pool,
   name: string,
   key: string,
-): Promise<{ counter: number; permits: number }> {
+): Promise<{ counter: number; permits: number } | undefined> {
   const { rows } = await pool.query(
     `SELECT st.live_units::int AS counter,
             coalesce((SELECT sum(p.cost) FROM ordo.permits AS p
@@ -123,7 +123,11 @@ describe('live units kept in the key', () => {
             lease: '300ms',
             overwrite: true,
           });
-        for (const key of keys) checks.push(await counted(raw, 'mixed', key));
+        // A key no worker has been granted on yet has no state to compare (a slow start).
+        for (const key of keys) {
+          const c = await counted(raw, 'mixed', key);
+          if (c) checks.push(c);
+        }
       }
     })();
     await Promise.all([...workers, checker]);
