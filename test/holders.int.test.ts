@@ -38,12 +38,20 @@ async function until<T>(probe: () => Promise<T>, done: (value: T) => boolean): P
   }
 }
 
-/** A transaction on `w` that takes a number of `name` in `scope` and commits: its value. */
-async function takeAndCommit(w: pg.Client, name: string, scope: string): Promise<number> {
+/** A number of `name` in `scope` taken by a SQL call of take(): it locks the row, not the counter's lock. */
+async function sqlTake(w: pg.Client, name: string, scope: string): Promise<number> {
+  const { rows } = await w.query(`SELECT value FROM "${ordo.schema}".take($1, $2, now(), 1)`, [name, scope]);
+  return Number(rows[0].value);
+}
+
+/** A transaction on `w` that takes a number of `name` in `scope` (next({ tx }), or sqlTake) and commits: its value. */
+async function takeAndCommit(w: pg.Client, name: string, scope: string, viaSql = false): Promise<number> {
   await w.query('BEGIN');
-  const issued = await ordo.sequences.next(name, { scope, tx: w });
+  const value = viaSql
+    ? await sqlTake(w, name, scope)
+    : (await ordo.sequences.next(name, { scope, tx: w })).value;
   await w.query('COMMIT');
-  return issued.value;
+  return value;
 }
 
 const cli = (...args: string[]) => runCliSync(args, { env: { DATABASE_URL: db.url } });
@@ -165,17 +173,7 @@ describe('holders() names the transaction holding a counter', () => {
     // waits for the holder, the second waits for the tuple lock.
     const [queued, viaSql] = await Promise.all(['ta1', 'ta2'].map((n) => connection(n)));
     const lockers = await Promise.all(['lb1', 'lb2'].map((n) => connection(n)));
-    const taking = [
-      takeAndCommit(queued!, 'h_two', 'a'),
-      (async () => {
-        await viaSql!.query('BEGIN');
-        const { rows } = await viaSql!.query(
-          `SELECT value FROM "${ordo.schema}".take('h_two', 'a', now(), 1)`,
-        );
-        await viaSql!.query('COMMIT');
-        return Number(rows[0].value);
-      })(),
-    ];
+    const taking = [takeAndCommit(queued!, 'h_two', 'a'), takeAndCommit(viaSql!, 'h_two', 'a', true)];
     const locking = lockers.map((w) =>
       w.query(
         `SELECT value FROM "${ordo.schema}".counters WHERE sequence = 'h_two' AND scope = 'b' FOR UPDATE`,
@@ -203,7 +201,7 @@ describe('holders() counts takers queued on a counter’s lock', () => {
     // take() from SQL locks the row and takes no counter lock; next({ tx }) takes both.
     const holder = await connection('sql-holder');
     await holder.query('BEGIN');
-    await holder.query(`SELECT value FROM "${ordo.schema}".take('h_queue', 'q', now(), 1)`);
+    await sqlTake(holder, 'h_queue', 'q');
     const takers = await Promise.all(['q1', 'q2', 'q3'].map((n) => connection(n)));
     const taking = takers.map((w) => takeAndCommit(w, 'h_queue', 'q'));
     const held = await until(
