@@ -5,6 +5,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { sqlTake } from './support/sql-take.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -45,12 +46,7 @@ async function business(
   try {
     await client.query('BEGIN');
     const issued = opts.viaSql
-      ? await client
-          .query(
-            `SELECT value, period FROM "${ordo.schema}".take($1, $2, coalesce($3::timestamptz, now()), 1)`,
-            [seq, opts.scope ?? '', opts.at ?? null],
-          )
-          .then(({ rows }) => ({ value: Number(rows[0].value), period: rows[0].period }))
+      ? await sqlTake(client, ordo.schema, seq, opts.scope ?? '', opts.at ?? null)
       : await ordo.sequences.next(seq, { tx: client, scope: opts.scope, at: opts.at });
     await client.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
       seq,

@@ -6,6 +6,7 @@ import { buildServer } from '../src/server/app.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import { runCliSync } from './support/server-process.js';
+import { sqlTake } from './support/sql-take.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -38,17 +39,11 @@ async function until<T>(probe: () => Promise<T>, done: (value: T) => boolean): P
   }
 }
 
-/** A number of `name` in `scope` taken by a SQL call of take(): it locks the row, not the counter's lock. */
-async function sqlTake(w: pg.Client, name: string, scope: string): Promise<number> {
-  const { rows } = await w.query(`SELECT value FROM "${ordo.schema}".take($1, $2, now(), 1)`, [name, scope]);
-  return Number(rows[0].value);
-}
-
 /** A transaction on `w` that takes a number of `name` in `scope` (next({ tx }), or sqlTake) and commits: its value. */
 async function takeAndCommit(w: pg.Client, name: string, scope: string, viaSql = false): Promise<number> {
   await w.query('BEGIN');
   const value = viaSql
-    ? await sqlTake(w, name, scope)
+    ? (await sqlTake(w, ordo.schema, name, scope)).value
     : (await ordo.sequences.next(name, { scope, tx: w })).value;
   await w.query('COMMIT');
   return value;
@@ -201,7 +196,7 @@ describe('holders() counts takers queued on a counter’s lock', () => {
     // take() from SQL locks the row and takes no counter lock; next({ tx }) takes both.
     const holder = await connection('sql-holder');
     await holder.query('BEGIN');
-    await sqlTake(holder, 'h_queue', 'q');
+    await sqlTake(holder, ordo.schema, 'h_queue', 'q');
     const takers = await Promise.all(['q1', 'q2', 'q3'].map((n) => connection(n)));
     const taking = takers.map((w) => takeAndCommit(w, 'h_queue', 'q'));
     const held = await until(
