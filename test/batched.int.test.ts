@@ -10,6 +10,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 import { drawer, duplicates, maxOf, range } from './support/drawer.js';
+import { until } from './support/until.js';
 
 const TIMEOUT_MESSAGE = 'The query was not executed because it exceeded the timeout';
 const MAX = 9007199254740991;
@@ -44,14 +45,6 @@ async function node(options: { nodeId?: string; pool?: pg.Pool; poolSize?: numbe
     : await createOrdo({ databaseUrl: db.url, poolSize: options.poolSize ?? 3, nodeId: options.nodeId });
   nodes.push(n);
   return n;
-}
-
-async function until(what: string, check: () => boolean | Promise<boolean>, ms = 10_000): Promise<void> {
-  const end = performance.now() + ms;
-  while (!(await check())) {
-    if (performance.now() > end) throw new Error(`not within ${ms} ms: ${what}`);
-    await sleep(20);
-  }
 }
 
 const strictlyIncreasing = (xs: number[]) => xs.every((x, i) => i === 0 || x > xs[i - 1]!);

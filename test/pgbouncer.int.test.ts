@@ -13,6 +13,7 @@ import { drawer, duplicates, maxOf, range } from './support/drawer.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import { type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import { runCli, startServer } from './support/server-process.js';
+import { until } from './support/until.js';
 
 const DATABASE = 'ordo_pgbouncer';
 
@@ -84,14 +85,6 @@ function poolOn(url: string, max: number, Client: typeof pg.Client = pg.Client):
 }
 
 const lostWarnings = (logs: LogEntry[]) => logs.filter((e) => e.code === 'notifications_lost');
-
-async function until(what: string, check: () => boolean | Promise<boolean>, ms = 10_000): Promise<void> {
-  const end = performance.now() + ms;
-  while (!(await check())) {
-    if (performance.now() > end) throw new Error(`not within ${ms} ms: ${what}`);
-    await sleep(10);
-  }
-}
 
 const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
 const strictlyIncreasing = (xs: number[]) => xs.every((x, i) => i === 0 || x > xs[i - 1]!);

@@ -19,6 +19,7 @@ import {
   startThrottleWorker,
   type WorkerProcess,
 } from './support/throttle-worker-process.js';
+import { until } from './support/until.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -121,14 +122,6 @@ function peak<T extends { start: number; end: number }>(
 
 /** What peak() found, for a message. */
 const shown = (p: { at: number; alive: object[] }) => `at ${p.at}: ${JSON.stringify(p.alive)}`;
-
-async function until(what: string, check: () => Promise<boolean>, ms = 10_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
-  }
-}
 
 const waiting = async (name: string, key = '') => (await ordo.throttles.state(name, key)).waiting;
 const dbNow = async () => (await raw.query('SELECT clock_timestamp() AS now')).rows[0].now as Date;

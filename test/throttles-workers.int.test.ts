@@ -15,6 +15,7 @@ import {
   type WorkerEvent,
   type WorkerProcess,
 } from './support/throttle-worker-process.js';
+import { until } from './support/until.js';
 
 const HOUR = 3_600_000;
 
@@ -36,8 +37,16 @@ afterAll(async () => {
 type Event = WorkerEvent;
 type Worker = WorkerProcess;
 
-function worker(mode: string, throttle: string, options: object = {}, skewMs = 0): Promise<Worker> {
-  return startThrottleWorker([mode, db.url, throttle, JSON.stringify(options)], {
+/** A worker process; `applicationName` names its sessions (by default they are 'ordo', as ours). */
+function worker(
+  mode: string,
+  throttle: string,
+  options: object = {},
+  skewMs = 0,
+  applicationName?: string,
+): Promise<Worker> {
+  const url = applicationName ? `${db.url}?application_name=${applicationName}` : db.url;
+  return startThrottleWorker([mode, url, throttle, JSON.stringify(options)], {
     THROTTLE_CLOCK_SKEW_MS: String(skewMs),
   });
 }
@@ -115,7 +124,7 @@ describe('the FOO story: 50 workers in 5 processes (10 ordo instances) released 
 describe('a worker killed with SIGKILL while it holds a permit', () => {
   it('the permit stops counting when its lease ends, and the next start happens then', async () => {
     await ordo.throttles.define({ name: 'killed', concurrency: 1, lease: '900ms' });
-    const holder = await worker('hold', 'killed');
+    const holder = await worker('hold', 'killed', {}, 0, 'killed-holder');
     holder.send('go');
     const holding = await holder.next((e) => e.event === 'holding');
     // Past its first lease the permit is still alive: run() extends it while the task runs.
@@ -124,6 +133,14 @@ describe('a worker killed with SIGKILL while it holds a permit', () => {
     expect(blocked).toMatchObject({ granted: false, reason: 'concurrency' });
     holder.child.kill('SIGKILL');
     await holder.exited;
+    // A lease extension the worker sent just before it died may still be running on its
+    // session: the permit's last expiry is known once the worker's sessions have ended.
+    await until('the killed worker’s sessions ended', async () => {
+      const { rows } = await raw.query(
+        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'killed-holder'",
+      );
+      return rows[0].n === 0;
+    });
     const { rows } = await raw.query('SELECT expires_at FROM ordo.permits WHERE id = $1', [holding.id]);
     const expiresAt = rows[0].expires_at as Date;
     expect(expiresAt.getTime()).toBeGreaterThan(time(holding.expiresAt));
