@@ -35,16 +35,25 @@ async function committed(seq: string, scope = ''): Promise<number[]> {
 
 /**
  * One business transaction: take a number, store a document with it, commit or roll back. The
- * number from next({ tx }), or with `viaSql` from a SQL call of take() (which holds the
- * counter's row but not its advisory lock).
+ * number from next({ tx }) (take_value()), or with `viaSql` from a SQL call of take(); with
+ * `rowOnly` the transaction first writes 16 other counters, past which it queues on the row.
  */
 async function business(
   seq: string,
-  opts: { scope?: string; at?: string; rollback: boolean; holdMs?: number; viaSql?: boolean },
+  opts: {
+    scope?: string;
+    at?: string;
+    rollback: boolean;
+    holdMs?: number;
+    viaSql?: boolean;
+    rowOnly?: boolean;
+  },
 ): Promise<{ value: number; period: string | null }> {
   const client = await raw.connect();
   try {
     await client.query('BEGIN');
+    if (opts.rowOnly)
+      for (let i = 0; i < 16; i++) await sqlTake(client, ordo.schema, seq, `batch-${i}`, opts.at);
     const issued = opts.viaSql
       ? await sqlTake(client, ordo.schema, seq, opts.scope ?? '', opts.at ?? null)
       : await ordo.sequences.next(seq, { tx: client, scope: opts.scope, at: opts.at });
@@ -75,7 +84,7 @@ describe('gapless under concurrency', () => {
     expect(await ordo.nextval('rollbacks')).toBe(k + 1);
   });
 
-  it('takers in transactions (queued on the counter’s lock) and SQL take() callers and standalone calls (queued on its row) share one counter: 1..k', async () => {
+  it('takers in transactions queued on the counter’s lock, and transactions past 16 counters and standalone calls queued on its row, share one counter: 1..k', async () => {
     await ordo.sequences.define({ name: 'mixed_queues', reset: 'day' });
     const day = '2030-02-01T12:00:00Z';
     const standalone = async () => {
@@ -96,7 +105,8 @@ describe('gapless under concurrency', () => {
           at: day,
           rollback,
           holdMs: i % 5,
-          viaSql: i % 3 === 0,
+          viaSql: i % 2 === 0,
+          rowOnly: i % 3 === 0,
         }).then(() => !rollback);
       }),
     );

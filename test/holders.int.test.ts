@@ -190,12 +190,13 @@ describe('holders() names the transaction holding a counter', () => {
 });
 
 describe('holders() counts takers queued on a counter’s lock', () => {
-  it('behind a SQL take() holding the row: the taker waiting for the row, and two queued behind that one', async () => {
+  it('behind a holder of the row alone: the taker waiting for the row, and two queued behind that one', async () => {
     await ordo.sequences.define({ name: 'h_queue' });
     await ordo.sequences.next('h_queue', { scope: 'q' });
-    // take() from SQL locks the row and takes no counter lock; next({ tx }) takes both.
+    // A transaction that has written 16 counters takes later numbers on the row alone (0040).
     const holder = await connection('sql-holder');
     await holder.query('BEGIN');
+    for (let i = 0; i < 16; i++) await sqlTake(holder, ordo.schema, 'h_queue', `batch-${i}`);
     await sqlTake(holder, ordo.schema, 'h_queue', 'q');
     const takers = await Promise.all(['q1', 'q2', 'q3'].map((n) => connection(n)));
     const taking = takers.map((w) => takeAndCommit(w, 'h_queue', 'q'));

@@ -2,8 +2,8 @@ import type pg from 'pg';
 
 /**
  * A number taken by a SQL call of ordo's take() on `client`, as a caller in another language
- * takes it: it locks the counter's row and not the counter's advisory lock (next({ tx })
- * takes both). `at` null: the transaction's now().
+ * takes it, through the function numbering at commit calls (next({ tx }) calls take_value()).
+ * `at` null: the transaction's now().
  */
 export async function sqlTake(
   client: Pick<pg.ClientBase, 'query'>,
