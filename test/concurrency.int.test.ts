@@ -5,7 +5,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
-import { sqlTake } from './support/sql-take.js';
+import { pastCounterQueue, sqlTake } from './support/sql-take.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -36,7 +36,7 @@ async function committed(seq: string, scope = ''): Promise<number[]> {
 /**
  * One business transaction: take a number, store a document with it, commit or roll back. The
  * number from next({ tx }) (take_value()), or with `viaSql` from a SQL call of take(); with
- * `rowOnly` the transaction first writes 16 other counters, past which it queues on the row.
+ * `rowOnly` the transaction first writes 16 other counters (pastCounterQueue): it queues on the row.
  */
 async function business(
   seq: string,
@@ -52,8 +52,7 @@ async function business(
   const client = await raw.connect();
   try {
     await client.query('BEGIN');
-    if (opts.rowOnly)
-      for (let i = 0; i < 16; i++) await sqlTake(client, ordo.schema, seq, `batch-${i}`, opts.at);
+    if (opts.rowOnly) await pastCounterQueue(client, ordo.schema, seq, opts.at);
     const issued = opts.viaSql
       ? await sqlTake(client, ordo.schema, seq, opts.scope ?? '', opts.at ?? null)
       : await ordo.sequences.next(seq, { tx: client, scope: opts.scope, at: opts.at });

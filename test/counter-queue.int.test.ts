@@ -7,6 +7,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { COUNTERS_QUEUED } from './support/sql-take.js';
 import { until } from './support/until.js';
 
 let db: TestDatabase;
@@ -64,7 +65,7 @@ describe('a transaction numbering from many counters', () => {
            FROM (SELECT ${call(ordo.schema)} AS v FROM generate_series(1, 20000) AS i) AS taken`,
         );
         expect(rows[0]).toEqual({ n: 20_000, lo: 1, hi: 1 });
-        expect(await counterLocks(pid)).toEqual({ granted: 16, waiting: 0 });
+        expect(await counterLocks(pid)).toEqual({ granted: COUNTERS_QUEUED, waiting: 0 });
         // Another session takes locks of its own while that transaction is open: the shared lock
         // table is not full.
         expect((await ordo.sequences.next('many', { scope: 'elsewhere' })).value).toBe(1);
@@ -88,7 +89,7 @@ describe('a transaction numbering from many counters', () => {
       for (let i = 0; i < 40; i++)
         values.push((await ordo.sequences.next('forty', { scope: `s${i}`, tx: client })).value);
       expect(values).toEqual(Array(40).fill(1));
-      expect(await counterLocks(pid)).toEqual({ granted: 16, waiting: 0 });
+      expect(await counterLocks(pid)).toEqual({ granted: COUNTERS_QUEUED, waiting: 0 });
       // A second number of a counter past the 16: from its row, in order.
       expect((await ordo.sequences.next('forty', { scope: 's39', tx: client })).value).toBe(2);
       await client.query('COMMIT');

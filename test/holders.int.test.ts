@@ -6,7 +6,7 @@ import { buildServer } from '../src/server/app.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import { runCliSync } from './support/server-process.js';
-import { sqlTake } from './support/sql-take.js';
+import { pastCounterQueue, sqlTake } from './support/sql-take.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -196,7 +196,7 @@ describe('holders() counts takers queued on a counter’s lock', () => {
     // A transaction that has written 16 counters takes later numbers on the row alone (0040).
     const holder = await connection('sql-holder');
     await holder.query('BEGIN');
-    for (let i = 0; i < 16; i++) await sqlTake(holder, ordo.schema, 'h_queue', `batch-${i}`);
+    await pastCounterQueue(holder, ordo.schema, 'h_queue');
     await sqlTake(holder, ordo.schema, 'h_queue', 'q');
     const takers = await Promise.all(['q1', 'q2', 'q3'].map((n) => connection(n)));
     const taking = takers.map((w) => takeAndCommit(w, 'h_queue', 'q'));

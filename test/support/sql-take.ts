@@ -18,3 +18,19 @@ export async function sqlTake(
   );
   return { value: Number(rows[0].value), period: rows[0].period };
 }
+
+/** How many counters a transaction writes before its takes queue on the row alone (0040). */
+export const COUNTERS_QUEUED = 16;
+
+/**
+ * Takes a number of `name` in COUNTERS_QUEUED scopes of its own (`batch-0`, …) on `client`'s
+ * open transaction: its later takes wait on the counter's row, not on the counter's lock.
+ */
+export async function pastCounterQueue(
+  client: Pick<pg.ClientBase, 'query'>,
+  schema: string,
+  name: string,
+  at: string | null = null,
+): Promise<void> {
+  for (let i = 0; i < COUNTERS_QUEUED; i++) await sqlTake(client, schema, name, `batch-${i}`, at);
+}
