@@ -36,7 +36,7 @@ async function committed(seq: string, scope = ''): Promise<number[]> {
 /**
  * One business transaction: take a number, store a document with it, commit or roll back. The
  * number from next({ tx }) (take_value()), or with `viaSql` from a SQL call of take(); with
- * `rowOnly` the transaction first writes 16 other counters (pastCounterQueue): it queues on the row.
+ * `rowOnly` the transaction first takes 16 numbers of other scopes (pastCounterQueue): it queues on the row.
  */
 async function business(
   seq: string,
@@ -54,7 +54,7 @@ async function business(
     await client.query('BEGIN');
     if (opts.rowOnly) await pastCounterQueue(client, ordo.schema, seq, opts.at);
     const issued = opts.viaSql
-      ? await sqlTake(client, ordo.schema, seq, opts.scope ?? '', opts.at ?? null)
+      ? await sqlTake(client, ordo.schema, seq, opts.scope ?? '', opts.at)
       : await ordo.sequences.next(seq, { tx: client, scope: opts.scope, at: opts.at });
     await client.query('INSERT INTO docs (seq, scope, number) VALUES ($1, $2, $3)', [
       seq,

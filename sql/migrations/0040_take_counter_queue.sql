@@ -8,7 +8,8 @@
 --    20,000 tenants failed with "out of shared memory", and while it ran, other sessions could
 --    fail the same way taking any lock. Row locks live on the rows and cost the table nothing
 --    (0020 met the same limit when numbering at commit, and striped it). Now a transaction queues
---    on the lock until it has written 16 counters (queue_on_counter()); later takes queue on
+--    on the lock until it has written counters 16 times (queue_on_counter(): rows inserted or
+--    updated, so 16 numbers of one counter count as much as one of 16); later takes queue on
 --    the counter's row, as every take did before 0039. The queue is for one hot
 --    counter taken by many transactions, each of which takes a few numbers; a transaction that
 --    takes more numbers than that is a batch, for which waiting on the row is as good.
@@ -32,8 +33,8 @@
 --
 -- Custom SQLSTATEs: none new.
 
--- Queues the transaction on a counter's lock (counter_lock(), 0039) unless it has written 16
--- counters already: PostgreSQL counts the rows a transaction inserts and updates in each table
+-- Queues the transaction on a counter's lock (counter_lock(), 0039) unless it has written
+-- counters 16 times already: PostgreSQL counts the rows a transaction inserts and updates in each table
 -- (pg_stat_get_xact_tuples_*, kept for the statistics whether or not they are read), so the
 -- bound costs no state of ordo's own (a setting to count in cost 15,000 instructions a take,
 -- 6% of take_value(); this costs none measurable). With track_counts off (a superuser's
