@@ -61,6 +61,25 @@ function psql(input: string): Promise<string> {
   });
 }
 
+/**
+ * A deferred trigger of the test's own on `table` that logs `expression` under `name` for each
+ * row at commit, right after ordo numbered the row (deferred triggers of one row fire in the
+ * order of their names, and ordo's sort first).
+ */
+async function logAtCommit(table: string, name: string, expression: string): Promise<void> {
+  await sql.query(`
+    CREATE TABLE IF NOT EXISTS commit_log (id bigserial PRIMARY KEY, name text NOT NULL, value text);
+    CREATE FUNCTION log_${name}() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN INSERT INTO commit_log (name, value) VALUES ('${name}', (${expression})::text); RETURN NULL; END $$;
+    CREATE CONSTRAINT TRIGGER zzzz_log_${name} AFTER INSERT ON ${table} DEFERRABLE INITIALLY DEFERRED
+      FOR EACH ROW EXECUTE FUNCTION log_${name}();`);
+}
+
+async function logged(name: string): Promise<(string | null)[]> {
+  const { rows } = await sql.query('SELECT value FROM commit_log WHERE name = $1 ORDER BY id', [name]);
+  return rows.map((r) => r.value);
+}
+
 async function counter(sequence: string, scope = ''): Promise<number | null> {
   const { rows } = await sql.query(
     `SELECT max(value) AS v FROM ${S}.counters WHERE sequence = $1 AND scope = $2`,
@@ -346,6 +365,99 @@ describe('numbers written at commit', () => {
         textColumn: 'Text',
       },
     ]);
+  });
+
+  it('a table renamed or moved to another schema is numbered still: by its own planned statement under the name it was attached with, by one built at commit under any other', async () => {
+    await ordo.sequences.define({ name: 'at_renamed', format: 'R-{scope}-{n}' });
+    await sql.query(`CREATE TABLE "Re named" (tenant text, number bigint, label text)`);
+    await ordo.sequences.attach('at_renamed', {
+      table: '"Re named"',
+      column: 'number',
+      scopeColumn: 'tenant',
+      textColumn: 'label',
+    });
+    // The calls of the function that runs the statement built at commit, as this session counts
+    // them (not flushed to the statistics yet, so from earlier transactions too): between the two
+    // rows of one commit, 0 when the second was numbered by the planned statement, 1 when built.
+    await logAtCommit(
+      '"Re named"',
+      'built',
+      `coalesce(pg_stat_get_xact_function_calls('${S}.number_row'::regproc), 0)`,
+    );
+    const insert = (table: string) =>
+      transaction(["SET LOCAL track_functions = 'pl'", `INSERT INTO ${table} (tenant) VALUES ('a'), ('b')`]);
+    await insert('"Re named"');
+    await sql.query('ALTER TABLE "Re named" RENAME TO renamed');
+    await insert('renamed');
+    await sql.query('CREATE SCHEMA moved; ALTER TABLE renamed SET SCHEMA moved');
+    await insert('moved.renamed');
+    // A new table under the old name is not numbered, and consumes nothing.
+    await sql.query(`CREATE TABLE "Re named" (tenant text, number bigint, label text)`);
+    await transaction([`INSERT INTO "Re named" (tenant) VALUES ('a')`]);
+    expect((await sql.query('SELECT number FROM "Re named"')).rows).toEqual([{ number: null }]);
+    await sql.query(
+      'DROP TABLE "Re named"; ALTER TABLE moved.renamed SET SCHEMA public; ALTER TABLE renamed RENAME TO "Re named"',
+    );
+    await insert('"Re named"');
+
+    const { rows } = await sql.query('SELECT tenant, number, label FROM "Re named" ORDER BY tenant, number');
+    expect(rows.map((r) => `${r.tenant}${r.number}:${r.label}`)).toEqual([
+      ...range(4).map((n) => `a${n}:R-a-${n}`),
+      ...range(4).map((n) => `b${n}:R-b-${n}`),
+    ]);
+    const calls = (await logged('built')).map(Number);
+    expect(range(4).map((i) => calls[2 * i - 1]! - calls[2 * i - 2]!)).toEqual([0, 1, 1, 0]);
+    expect(await ordo.sequences.attachments('at_renamed')).toEqual([
+      {
+        sequence: 'at_renamed',
+        table: '"Re named"',
+        column: 'number',
+        scopeColumn: 'tenant',
+        textColumn: 'label',
+      },
+    ]);
+  });
+
+  it('detach drops the trigger function of an attachment; a dropped table leaves it until the next attach', async () => {
+    await ordo.sequences.define({ name: 'at_dropped' });
+    await sql.query('CREATE TABLE dropped_a (number bigint); CREATE TABLE dropped_b (number bigint)');
+    const functionOf = async (table: string): Promise<string> =>
+      (await sql.query(`SELECT ${S}.numbering_function($1::regclass, 'number') AS f`, [table])).rows[0].f;
+    const exists = async (name: string): Promise<boolean> =>
+      (
+        await sql.query(
+          'SELECT count(*)::int AS n FROM pg_proc WHERE proname = $1 AND pronamespace = $2::regnamespace',
+          [name, S],
+        )
+      ).rows[0].n === 1;
+    await ordo.sequences.attach('at_dropped', { table: 'dropped_a', column: 'number' });
+    const a = await functionOf('dropped_a');
+    expect(await exists(a)).toBe(true);
+    await sql.query('DROP TABLE dropped_a');
+    expect(await ordo.sequences.attachments('at_dropped')).toEqual([]);
+    expect(await exists(a)).toBe(true);
+
+    await ordo.sequences.attach('at_dropped', { table: 'dropped_b', column: 'number' });
+    const b = await functionOf('dropped_b');
+    expect(await exists(a)).toBe(false);
+    expect(await exists(b)).toBe(true);
+    await transaction(['INSERT INTO dropped_b DEFAULT VALUES']);
+    expect((await sql.query('SELECT number FROM dropped_b')).rows).toEqual([{ number: '1' }]);
+    expect(await ordo.sequences.detach('at_dropped', { table: 'dropped_b', column: 'number' })).toBe(true);
+    expect(await exists(b)).toBe(false);
+    const { rows } = await sql.query(`SELECT tgname FROM pg_trigger WHERE tgrelid = 'dropped_b'::regclass`);
+    expect(rows).toEqual([]);
+  });
+
+  it('a numbered commit is durable where synchronous_commit is off', async () => {
+    await ordo.sequences.define({ name: 'at_durable' });
+    await sql.query('CREATE TABLE durable_rows (number bigint)');
+    await ordo.sequences.attach('at_durable', { table: 'durable_rows', column: 'number' });
+    await logAtCommit('durable_rows', 'durable', `current_setting('synchronous_commit')`);
+    await transaction(['SET LOCAL synchronous_commit = off', 'INSERT INTO durable_rows DEFAULT VALUES']);
+    // Read as the commit is written: a commit acknowledged and then lost in a crash would give its
+    // number to the next row, after the application had read it.
+    expect(await logged('durable')).toEqual(['on']);
   });
 
   it('a client killed with SIGKILL mid-transaction consumes nothing', async () => {
