@@ -38,6 +38,7 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
  * take        take_value() of one counter, beside the bench's hand-written upsert
  * attach      an INSERT of one row into a table numbered at commit (sequences.attach()), beside
  *             the same INSERT into a table with no number: the difference is numbering at commit
+ * attach:N    the same with one INSERT … SELECT of N rows: what a bulk insert costs its commit
  */
 /**
  * Each statement as the library (or the bench it is compared with) sends it, and what
@@ -119,18 +120,24 @@ const take: Scenario = {
   },
 };
 
-const insertInto = (table: string) =>
+/** An INSERT of one row (VALUES), or of `n` rows (one INSERT … SELECT), counting the rows made. */
+const insertInto = (table: string, n?: number) =>
   counted(
-    `WITH i AS (INSERT INTO ${table} (number, payload) VALUES (NULL, 'x') RETURNING id) SELECT count(*) FROM i`,
-    1,
+    `WITH i AS (INSERT INTO ${table} (number, payload) ${
+      n === undefined ? `VALUES (NULL, 'x')` : `SELECT NULL, 'x' FROM generate_series(1, ${n})`
+    } RETURNING id) SELECT count(*) FROM i`,
+    n ?? 1,
   );
-const attach: Scenario = {
-  name: 'attach',
+const attach = (n?: number): Scenario => ({
+  name: n === undefined ? 'attach' : `attach:${n}`,
   statements: {
-    'INSERT, numbered at commit': insertInto('numbered'),
-    'INSERT, no number': insertInto('unnumbered'),
+    [n === undefined ? 'INSERT, numbered at commit' : `INSERT of ${n}, numbered at commit`]: insertInto(
+      'numbered',
+      n,
+    ),
+    [n === undefined ? 'INSERT, no number' : `INSERT of ${n}, no number`]: insertInto('unnumbered', n),
   },
-};
+});
 
 function scenario(spec: string): Scenario {
   const [kind, size] = spec.split(':');
@@ -141,9 +148,9 @@ function scenario(spec: string): Scenario {
   if (kind === 'plain' || kind === 'plain-hot') return plain(n, kind === 'plain-hot');
   if (kind === 'append') return append(n);
   if (kind === 'take' && size === undefined) return take;
-  if (kind === 'attach' && size === undefined) return attach;
+  if (kind === 'attach') return attach(size === undefined ? undefined : n);
   throw new Error(
-    `${spec}: a scenario is throttle:N, throttle-hot:N, plain:N, plain-hot:N, append:N, take or attach`,
+    `${spec}: a scenario is throttle:N, throttle-hot:N, plain:N, plain-hot:N, append:N, take, attach or attach:N`,
   );
 }
 
