@@ -421,8 +421,15 @@ describe('numbers written at commit', () => {
   it('detach drops the trigger function of an attachment; a dropped table leaves it until the next attach', async () => {
     await ordo.sequences.define({ name: 'at_dropped' });
     await sql.query('CREATE TABLE dropped_a (number bigint); CREATE TABLE dropped_b (number bigint)');
+    // The function the attachment's deferred trigger calls.
     const functionOf = async (table: string): Promise<string> =>
-      (await sql.query(`SELECT ${S}.numbering_function($1::regclass, 'number') AS f`, [table])).rows[0].f;
+      (
+        await sql.query(
+          `SELECT p.proname FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid
+            WHERE t.tgrelid = $1::regclass AND t.tgname = 'ordo_number_number'`,
+          [table],
+        )
+      ).rows[0].proname;
     const exists = async (name: string): Promise<boolean> =>
       (
         await sql.query(

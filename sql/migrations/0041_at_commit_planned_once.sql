@@ -30,9 +30,9 @@
 -- callgrind (`npx tsx bench/instructions.ts attach`, one backend, an INSERT of one row, each its
 -- own transaction): see the README for the counts before and after.
 --
--- Generated functions are named number_at_commit_<table oid>_<hash of the column>. A table
--- dropped takes its triggers with it but not their function: attach_sequence() drops such
--- functions, no longer called by any trigger.
+-- The functions are named number_at_commit_<a random uuid>; detach_sequence() drops the one its
+-- trigger calls. A table dropped takes its triggers with it but not their function:
+-- attach_sequence() drops such functions, no longer called by any trigger.
 --
 -- Custom SQLSTATEs: none new.
 
@@ -112,12 +112,6 @@ BEGIN
   END IF;
 END $$;
 
--- The name of an attachment's trigger function.
-CREATE FUNCTION {{schema}}.numbering_function(rel regclass, column_name text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-  SELECT 'number_at_commit_' || rel::oid || '_' || left(md5(column_name), 12)
-$$;
-
 -- An attachment's trigger function and its deferred trigger (arguments as 0009's: sequence,
 -- column, scope column, text column; '' for none). The function runs the UPDATE written here
 -- for the table under the names it has now, and number_row() for any other.
@@ -128,12 +122,14 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   schema_name name;
   table_name name;
-  fn text := {{schema}}.numbering_function(rel, column_name);
+  -- A name of its own: one derived from the table's oid would be another table's after a
+  -- restore into a new cluster, and an attach there would replace the restored one's function.
+  fn text := 'number_at_commit_' || replace(gen_random_uuid()::text, '-', '');
 BEGIN
   SELECT n.nspname, c.relname INTO schema_name, table_name
     FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = rel;
   EXECUTE format($create$
-CREATE OR REPLACE FUNCTION {{schema}}.%I() RETURNS trigger
+CREATE FUNCTION {{schema}}.%I() RETURNS trigger
 LANGUAGE plpgsql VOLATILE AS $number$
 BEGIN
   IF TG_TABLE_NAME = %L AND TG_TABLE_SCHEMA = %L AND current_setting('transaction_isolation') = 'read committed' THEN
@@ -292,6 +288,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   rel regclass := {{schema}}.attachable_table(table_name);
   existing {{schema}}.attachments;
+  numbering regprocedure;
   caller_lock_timeout text := current_setting('lock_timeout');
 BEGIN
   IF lock_timeout_ms IS NULL OR lock_timeout_ms NOT BETWEEN 1 AND 3600000 THEN
@@ -317,13 +314,15 @@ BEGIN
       'detach did not get %s within %s ms: a transaction is reading or writing it, and removing its triggers needs the table alone (DROP TRIGGER). Nothing was changed; retry when that transaction has ended (pg_stat_activity names it), or give detach a longer lockTimeout',
       rel, lock_timeout_ms);
   END;
+  SELECT t.tgfoid::regprocedure INTO numbering FROM pg_trigger AS t
+   WHERE t.tgrelid = rel AND t.tgname = existing.trigger_name;
   EXECUTE format('DROP TRIGGER %I ON %s', existing.trigger_name, rel);
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', {{schema}}.attachment_trigger('zz_ordo_note_', column_name), rel);
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', {{schema}}.attachment_trigger('zz_ordo_note_update_', column_name), rel);
   -- The statement triggers of attachments made before 0013.
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', {{schema}}.attachment_trigger('ordo_note_i_', column_name), rel);
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', {{schema}}.attachment_trigger('ordo_note_u_', column_name), rel);
-  EXECUTE format('DROP FUNCTION IF EXISTS {{schema}}.%I()', {{schema}}.numbering_function(rel, column_name));
+  EXECUTE format('DROP FUNCTION IF EXISTS %s', numbering);
   PERFORM set_config('lock_timeout', caller_lock_timeout, true);
   RETURN true;
 END $$;
