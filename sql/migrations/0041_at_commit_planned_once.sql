@@ -21,7 +21,7 @@
 -- 3. The note of a transaction's counters (0034) costs one setting for the first counter, where
 --    it wrote three and computed a stripe: stripes are noted from the second counter on (the
 --    first one's with them, read from ordo.pending_last), and a commit locks them only then
---    (ordo.pending_many, asked before lock_pending_counters() is called, not in it). The note's
+--    (counters_to_lock(), asked before lock_pending_counters() is called, not in it). The note's
 --    INSERT trigger compares with one literal, where `'seq' || chr(31)` was folded again for
 --    every statement, and its UPDATE trigger is a trigger of its own (below). No transaction
 --    noted the 0034 way outlives this migration: the loop at the end drops every attachment's
