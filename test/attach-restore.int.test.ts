@@ -4,41 +4,10 @@
 // from any object of the new cluster: a name from the old cluster's oids could be a new
 // table's there). PostgreSQL servers of this file's own (Debian's binaries, so that Debian's
 // pg_dump matches them).
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo } from '../src/index.js';
-import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
+import { describe, expect, it } from 'vitest';
+import { dump, restore, restoreServers, sql } from './support/restore.js';
 
-const run = promisify(execFile);
-let old: RestartablePostgres;
-let restored: RestartablePostgres;
-const opened: Ordo[] = [];
-
-beforeAll(async () => {
-  [old, restored] = await Promise.all([restartablePostgres(), restartablePostgres()]);
-}, 120_000);
-afterAll(async () => {
-  await Promise.all(opened.map((o) => o.close().catch(() => undefined)));
-  await Promise.all([old?.cleanup(), restored?.cleanup()]);
-});
-
-async function ordoOn(url: string): Promise<Ordo> {
-  const o = await createOrdo({ databaseUrl: url });
-  opened.push(o);
-  return o;
-}
-
-async function sql(url: string, text: string): Promise<pg.QueryResult> {
-  const c = new pg.Client({ connectionString: url });
-  await c.connect();
-  try {
-    return await c.query(text);
-  } finally {
-    await c.end();
-  }
-}
+const servers = restoreServers();
 
 /** The rows of invoices as 'tenant number label', in order. */
 async function invoices(url: string): Promise<string[]> {
@@ -57,6 +26,7 @@ async function numberingFunctions(url: string): Promise<string[]> {
 
 describe('dump and restore into a new cluster', () => {
   it('a table numbered at commit goes on from its counters; attach and detach work beside it', async () => {
+    const { old, restored, ordoOn } = servers;
     const a = await ordoOn(old.url);
     await a.sequences.define({ name: 'invoice', format: 'F-{scope}-{n:3}' });
     await sql(
@@ -76,9 +46,7 @@ describe('dump and restore into a new cluster', () => {
     const fromOld = await numberingFunctions(old.url);
     expect(fromOld).toHaveLength(2);
 
-    const file = `${restored.dataDir}/../attach.sql`;
-    await run('/usr/bin/pg_dump', ['--no-owner', '-f', file, old.url]);
-    await run('/usr/bin/psql', ['-q', '-v', 'ON_ERROR_STOP=1', '-f', file, restored.url]);
+    await restore(await dump(old.url, restored, 'attach'), restored.url);
 
     const b = await ordoOn(restored.url);
     expect(await b.sequences.attachments('invoice')).toEqual([

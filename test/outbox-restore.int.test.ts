@@ -4,32 +4,15 @@
 // seen, and messages restored from the old cluster carry ids that mean nothing there.
 // Subscriptions must go on: none skipped, none twice. PostgreSQL servers of this file's own
 // (Debian's binaries, so that Debian's pg_dump matches them).
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
+import { type Ordo, OrdoError } from '../src/index.js';
 import { migrate, quoteIdent } from '../src/db/migrations.js';
 import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
+import { dump, restore, restoreServers, sql } from './support/restore.js';
 
-const run = promisify(execFile);
-let old: RestartablePostgres;
-let restored: RestartablePostgres;
-const opened: Ordo[] = [];
-
-beforeAll(async () => {
-  [old, restored] = await Promise.all([restartablePostgres(), restartablePostgres()]);
-}, 120_000);
-afterAll(async () => {
-  await Promise.all(opened.map((o) => o.close().catch(() => undefined)));
-  await Promise.all([old?.cleanup(), restored?.cleanup()]);
-});
-
-async function ordoOn(url: string, schema = 'ordo'): Promise<Ordo> {
-  const o = await createOrdo({ databaseUrl: url, schema });
-  opened.push(o);
-  return o;
-}
+const servers = restoreServers();
+const { ordoOn } = servers;
 
 /** Receives and acknowledges in batches of `max` until nothing comes; the labels, in order. */
 async function drain(o: Ordo, name: string, max = 3): Promise<string[]> {
@@ -49,10 +32,9 @@ const inDb = (url: string, db: string) => url.replace(/\/postgres$/, `/${db}`);
 
 /** pg_dump of database `db` on `from`, restored into a new database `db` on `to`. */
 async function copyDatabase(from: RestartablePostgres, to: RestartablePostgres, db: string): Promise<void> {
-  const file = `${to.dataDir}/../${db}.sql`;
-  await run('/usr/bin/pg_dump', ['--no-owner', '-f', file, inDb(from.url, db)]);
+  const file = await dump(inDb(from.url, db), to, db);
   await sql(to.url, `CREATE DATABASE ${db}`);
-  await run('/usr/bin/psql', ['-q', '-v', 'ON_ERROR_STOP=1', '-f', file, inDb(to.url, db)]);
+  await restore(file, inDb(to.url, db));
 }
 
 /**
@@ -123,22 +105,12 @@ async function receivedWithoutFloor(url: string, name: string): Promise<string[]
   }
 }
 
-async function sql(url: string, text: string, values: unknown[] = []): Promise<pg.QueryResult> {
-  const c = new pg.Client({ connectionString: url });
-  await c.connect();
-  try {
-    return await c.query(text, values);
-  } finally {
-    await c.end();
-  }
-}
-
 describe('dump and restore into a new cluster', () => {
   it('a subscription in the middle of a round goes on in the new cluster: the rest of the round, what committed after it, what is appended there; none twice', async () => {
-    const a = await ordoOn(old.url);
+    const a = await ordoOn(servers.old.url);
     // The old cluster is far ahead in transaction ids, as a cluster in production is.
     await sql(
-      old.url,
+      servers.old.url,
       `DO $$ BEGIN FOR i IN 1..3000 LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$`,
     );
     await a.outbox.createSubscription({ name: 'projector', topic: 'orders' });
@@ -153,20 +125,19 @@ describe('dump and restore into a new cluster', () => {
     expect([...first.messages, ...second.messages].map((m) => m.data.label)).toEqual(['o1', 'o2', 'o3']);
     await a.outbox.append('orders', labelled('c1', 'c2'));
     // An appender open during the dump: not in it, so never delivered.
-    const open = new pg.Client({ connectionString: old.url });
+    const open = new pg.Client({ connectionString: servers.old.url });
     await open.connect();
     await open.query('BEGIN');
     await open.query(`SELECT ordo.append('orders', 'm', '{"label":"uncommitted"}')`);
 
-    const file = `${restored.dataDir}/../dump.sql`;
-    await run('/usr/bin/pg_dump', ['--no-owner', '-f', file, old.url]);
+    const file = await dump(servers.old.url, servers.restored, 'dump');
     await open.query('ROLLBACK');
     await open.end();
-    await run('/usr/bin/psql', ['-q', '-v', 'ON_ERROR_STOP=1', '-f', file, restored.url]);
+    await restore(file, servers.restored.url);
 
-    const b = await ordoOn(restored.url);
+    const b = await ordoOn(servers.restored.url);
     const { rows } = await sql(
-      restored.url,
+      servers.restored.url,
       `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS here,
               (SELECT max(transaction_id)::text::bigint FROM ordo.messages) AS restored`,
     );
@@ -198,8 +169,8 @@ describe('dump and restore into a new cluster', () => {
 
     // A consumer in SQL (see drainBySql): the restored messages' old ids are all in the range
     // of ids its base in the new cluster counts as running.
-    expect(await drainBySql(restored.url, 'sql-reader')).toEqual(all);
-    expect(await baseOf(restored.url, 'sql-reader')).toEqual([{ unbounded: true, here: true }]);
+    expect(await drainBySql(servers.restored.url, 'sql-reader')).toEqual(all);
+    expect(await baseOf(servers.restored.url, 'sql-reader')).toEqual([{ unbounded: true, here: true }]);
     // Passed by every subscription: none behind, and prune deletes them all.
     for (const name of ['projector', 'late', 'sql-reader']) {
       expect((await b.outbox.lag(name)).messagesBehind, name).toBe(0);
@@ -217,8 +188,10 @@ describe('two restores: into a new cluster, and from there into another', () => 
 
   it('a base taken in the second cluster does not look below its floor in the third: the first cluster’s messages are not delivered again; none skipped', async () => {
     const db = 'twice';
-    const [first, second, last] = [old, restored, third].map((server) => inDb(server.url, db));
-    await sql(old.url, `CREATE DATABASE ${db}`);
+    const [first, second, last] = [servers.old, servers.restored, third].map((server) =>
+      inDb(server.url, db),
+    );
+    await sql(servers.old.url, `CREATE DATABASE ${db}`);
     const a = await ordoOn(first!);
     // The first cluster far ahead in transaction ids: its messages carry ids above any the
     // second one has handed out.
@@ -235,7 +208,7 @@ describe('two restores: into a new cluster, and from there into another', () => 
     expect(started.messages.map((m) => m.data.label)).toEqual(['a1']);
     await a.outbox.ack('by-receive', started.receipt!);
 
-    await copyDatabase(old, restored, db);
+    await copyDatabase(servers.old, servers.restored, db);
     const b = await ordoOn(second!);
     await b.outbox.append('t', labelled('b1', 'b2'));
     expect(await drainBySql(second!, 'by-sql')).toEqual(['b1', 'b2']);
@@ -251,7 +224,7 @@ describe('two restores: into a new cluster, and from there into another', () => 
     );
     expect(rows).toEqual([{ in_range: true }]);
 
-    await copyDatabase(restored, third, db);
+    await copyDatabase(servers.restored, third, db);
     const c = await ordoOn(last!);
     await c.outbox.append('t', labelled('c1'));
     // Below the floor of the base's (second) cluster, the first cluster's messages were
@@ -277,10 +250,10 @@ describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
     const schema = 'upgraded';
     const s = quoteIdent(schema);
     // The schema as ordo 0.x left it: migrations 1 to 7.
-    const c = new pg.Client({ connectionString: old.url });
+    const c = new pg.Client({ connectionString: servers.old.url });
     await c.connect();
     try {
-      const pool = new pg.Pool({ connectionString: old.url, max: 1 });
+      const pool = new pg.Pool({ connectionString: servers.old.url, max: 1 });
       await migrate(pool, schema, true, 7).finally(() => pool.end());
       const append = (label: string, on: pg.Client = c) =>
         on.query(`SELECT ${s}.append('t', 'm', jsonb_build_object('label', $1::text))`, [label]);
@@ -296,14 +269,14 @@ describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
         [rows[1].transaction_id, rows[1].position],
       );
       // Open across the upgrade: an older transaction appends before the migration, commits after.
-      const early = new pg.Client({ connectionString: old.url });
+      const early = new pg.Client({ connectionString: servers.old.url });
       await early.connect();
       await early.query('BEGIN');
       await append('open', early);
       await append('a5');
 
       // The migration waits for appends in flight (its index takes a SHARE lock on messages).
-      const migrated = ordoOn(old.url, schema);
+      const migrated = ordoOn(servers.old.url, schema);
       await new Promise((r) => setTimeout(r, 300));
       await early.query('COMMIT');
       await early.end();
@@ -324,15 +297,15 @@ describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
 
 describe('the first round in a new cluster while a transaction that appended there is open', () => {
   it('appends are not held up for seconds, callers are told to retry at once, and delivery resumes once it commits', async () => {
-    await sql(old.url, 'CREATE DATABASE stall');
-    const a = await ordoOn(inDb(old.url, 'stall'));
+    await sql(servers.old.url, 'CREATE DATABASE stall');
+    const a = await ordoOn(inDb(servers.old.url, 'stall'));
     await a.outbox.createSubscription({ name: 's', topic: 't' });
     await a.outbox.append('t', labelled('m1', 'm2'));
-    await copyDatabase(old, restored, 'stall');
-    const b = await ordoOn(inDb(restored.url, 'stall'));
+    await copyDatabase(servers.old, servers.restored, 'stall');
+    const b = await ordoOn(inDb(servers.restored.url, 'stall'));
 
     // Appended in the new cluster before its first round, and left open.
-    const open = new pg.Client({ connectionString: inDb(restored.url, 'stall') });
+    const open = new pg.Client({ connectionString: inDb(servers.restored.url, 'stall') });
     await open.connect();
     try {
       await open.query('BEGIN');
