@@ -1,9 +1,7 @@
 // Numbering at commit across a dump and restore into a new cluster (issue #13): the restored
 // table goes on numbering from its counters, tables attached there are numbered beside it, and
-// detach and attach keep working with the restored attachments' trigger functions (named apart
-// from any object of the new cluster: a name from the old cluster's oids could be a new
-// table's there). PostgreSQL servers of this file's own (Debian's binaries, so that Debian's
-// pg_dump matches them).
+// detach and attach keep working with the restored attachments' trigger functions. PostgreSQL
+// servers of this file's own (test/support/restore.ts).
 import { describe, expect, it } from 'vitest';
 import { dump, restore, restoreServers, sql } from './support/restore.js';
 

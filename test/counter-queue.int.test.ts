@@ -50,7 +50,7 @@ describe('a transaction numbering from many counters', () => {
       (s: string) => `("${s}".take_value('many', 'tenant-' || i))[1]::int`,
     ],
     [
-      'take() (what numbering at commit and SQL callers run)',
+      'take() (what nextval() and SQL callers run)',
       (s: string) => `(SELECT t.value FROM "${s}".take('many', 'tenant-' || i, now(), 1) AS t)`,
     ],
   ])(

@@ -5,7 +5,7 @@ import { afterAll, beforeAll } from 'vitest';
 import { createOrdo, type Ordo } from '../../src/index.js';
 import { type RestartablePostgres, restartablePostgres } from './restartable-postgres.js';
 
-export const run = promisify(execFile);
+const run = promisify(execFile);
 
 export interface RestoreServers {
   /** The cluster dumped. */

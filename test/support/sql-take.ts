@@ -2,7 +2,7 @@ import type pg from 'pg';
 
 /**
  * A number taken by a SQL call of ordo's take() on `client`, as a caller in another language
- * takes it, through the function numbering at commit calls (next({ tx }) calls take_value()).
+ * takes it, as nextval() does (next({ tx }) and numbering at commit call take_value()).
  * `at` null: the transaction's now().
  */
 export async function sqlTake(
