@@ -81,6 +81,31 @@ describe('a transaction numbering from many counters', () => {
     },
   );
 
+  // PostgreSQL's own count of a transaction's writes (pg_stat_get_xact_tuples_*, 0040's bound)
+  // holds every write since the backend last flushed its statistics, at most once a second: a
+  // busy connection found the bound reached in most of its transactions, and they waited on the
+  // row. Each transaction here takes one number, so each queues.
+  it.each([
+    ['take_value() (what next({ tx }) sends)', (s: string) => `SELECT "${s}".take_value('busy', 'hot')`],
+    [
+      'take() (what nextval() and SQL callers run)',
+      (s: string) => `SELECT * FROM "${s}".take('busy', 'hot', now(), 1)`,
+    ],
+  ])('through %s: a connection that numbered 40 times this second still queues', async (_, call) => {
+    await ordo.sequences.define({ name: 'busy', overwrite: true });
+    const { client, pid } = await transaction();
+    try {
+      await client.query('COMMIT');
+      for (let i = 0; i < 40; i++) await client.query(call(ordo.schema));
+      await client.query('BEGIN');
+      await client.query(call(ordo.schema));
+      expect(await counterLocks(pid)).toEqual({ granted: 1, waiting: 0 });
+      await client.query('COMMIT');
+    } finally {
+      client.release(true);
+    }
+  });
+
   it('next({ tx }) on 40 scopes queues on the locks of the first 16 only, and numbers every one', async () => {
     await ordo.sequences.define({ name: 'forty' });
     const { client, pid } = await transaction();
