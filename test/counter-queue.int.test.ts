@@ -106,6 +106,23 @@ describe('a transaction numbering from many counters', () => {
     }
   });
 
+  it('a savepoint rolled back gives back the locks it queued on and their places in the count', async () => {
+    await ordo.sequences.define({ name: 'undone' });
+    const { client, pid } = await transaction();
+    try {
+      await client.query('SAVEPOINT numbering');
+      for (let i = 0; i < 20; i++) await ordo.sequences.next('undone', { scope: `s${i}`, tx: client });
+      expect(await counterLocks(pid)).toEqual({ granted: COUNTERS_QUEUED, waiting: 0 });
+      await client.query('ROLLBACK TO SAVEPOINT numbering');
+      expect(await counterLocks(pid)).toEqual({ granted: 0, waiting: 0 });
+      expect((await ordo.sequences.next('undone', { scope: 'after', tx: client })).value).toBe(1);
+      expect(await counterLocks(pid)).toEqual({ granted: 1, waiting: 0 });
+      await client.query('COMMIT');
+    } finally {
+      client.release(true);
+    }
+  });
+
   it('next({ tx }) on 40 scopes queues on the locks of the first 16 only, and numbers every one', async () => {
     await ordo.sequences.define({ name: 'forty' });
     const { client, pid } = await transaction();

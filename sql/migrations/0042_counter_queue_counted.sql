@@ -1,6 +1,6 @@
--- ordo 0042: a transaction counts the counters it queues on itself, in a transaction-local
--- setting, so that every transaction queues on its first 16 counters however busy its
--- connection is.
+-- ordo 0042: a transaction counts its takes that queued on a counter's lock itself, in a
+-- transaction-local setting, so that the first 16 numbers of every transaction queue however
+-- busy its connection is.
 --
 -- 0040 bounded the counter queue by PostgreSQL's count of the rows a transaction wrote to
 -- ordo.counters (pg_stat_get_xact_tuples_inserted + _updated). That count is not the
@@ -9,30 +9,32 @@
 -- the transactions it committed meanwhile are in it. A connection numbering more than 16 times
 -- a second, the load the queue is for, found the bound reached in most of its transactions and
 -- waited on the counter's row instead, as before 0039. Measured with pgbench on PostgreSQL 15, 16
--- clients, BEGIN; a number; an INSERT; COMMIT, three alternating rounds of 8 s: on one hot
--- counter 2,246-2,501 transactions a second with 0040's bound, 2,925-2,971 with this one (an
--- INSERT ... ON CONFLICT DO UPDATE by hand: 2,273-2,577); on counters drawn from 64,
--- 7,127-7,427 with 0040's bound, 7,296-8,804 with this one, against 8,052-8,687 by hand (four
--- rounds). The queue then works as 0039 and 0040 meant it to; a test that fails under 0040:
--- test/counter-queue.int.test.ts.
+-- clients, BEGIN; a number; an INSERT; COMMIT, alternating rounds of 8 s: on one hot counter a
+-- mean of 2,297 and 2,162 transactions a second under 0041 (two runs of four rounds), 2,796 and
+-- 2,678 with this migration, 2,383 for an INSERT ... ON CONFLICT DO UPDATE by hand; on counters
+-- drawn from 64, 0.86x and 0.87x the hand-written upsert, before and after (five rounds). The
+-- queue now works as 0039 and 0040 meant it to (test/counter-queue.int.test.ts has a test that
+-- fails under 0041).
 --
--- Now queue_on_counter() appends a character to the setting ordo.counter_queues for each counter
--- it queues on, and queues no more once it holds 16. A transaction-local setting ends with its
+-- Now queue_on_counter() appends a character to the setting ordo.counter_queues each time it
+-- queues, and queues no more once it has 16: a transaction holds at most 16 counter locks, as
+-- 0040 meant. As 0040's count, it counts numbers, not counters: 16 numbers of one counter count
+-- as much as one of 16 counters (a take of a counter whose lock the transaction holds already
+-- needs no queue). A transaction-local setting ends with its
 -- transaction, and goes back with a rolled-back savepoint, as the locks taken under it do. It
--- costs 12,000 instructions a take (callgrind, PostgreSQL 18: 262,500 with no bound, 263,200 with
--- 0040's, 274,600 with this one): the 15,000 that 0040 avoided, for a count that is right. It
+-- costs about 16,000 instructions a take (callgrind, bench/instructions.ts take: 263,200 -> 279,400
+-- on PostgreSQL 18, 226,000 -> 244,900 on 15): what 0040 meant to save, for a count that is right. It
 -- tells its caller whether it queued: take_value() queued on a counter before its UPDATE found no
 -- row and hands over to take(), which queues on it again, and gives its place back first, so
 -- that a counter's first number counts once, not twice.
 --
 -- Custom SQLSTATEs: none new.
 
--- The count is of counters queued on, not of rows written: a transaction taking many numbers of
--- one counter holds its one lock, and track_counts (0040's source) no longer matters.
+-- With the count of its own, track_counts (0040's source) no longer matters.
 DROP FUNCTION {{schema}}.queue_on_counter(text, text, date);
 
--- Queues the transaction on a counter's lock (counter_lock(), 0039) unless it has queued on 16
--- counters already: true when it queued, false when it did not, null for a null key (no lock).
+-- Queues the transaction on a counter's lock (counter_lock(), 0039) unless it has queued 16 times
+-- already: true when it queued, false when it did not, null for a null key (no lock).
 -- Plain SQL of one expression, so that plpgsql inlines it and runs it as a simple expression.
 CREATE FUNCTION {{schema}}.queue_on_counter(seq_name text, seq_scope text, seq_period date) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
