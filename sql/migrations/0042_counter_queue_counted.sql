@@ -1,6 +1,6 @@
 -- ordo 0042: a transaction counts its takes that queued on a counter's lock itself, in a
--- transaction-local setting, so that the first 16 numbers of every transaction queue however
--- busy its connection is.
+-- transaction-local setting, so that the first numbers of every transaction queue however busy
+-- its connection is.
 --
 -- 0040 bounded the counter queue by PostgreSQL's count of the rows a transaction wrote to
 -- ordo.counters (pg_stat_get_xact_tuples_inserted + _updated). That count is not the
@@ -16,34 +16,54 @@
 -- queue now works as 0039 and 0040 meant it to (test/counter-queue.int.test.ts has a test that
 -- fails under 0041).
 --
--- Now queue_on_counter() appends a character to the setting ordo.counter_queues each time it
--- queues, and queues no more once it has 16: a transaction holds at most 16 counter locks, as
--- 0040 meant. As 0040's count, it counts numbers, not counters: 16 numbers of one counter count
--- as much as one of 16 counters (a take of a counter whose lock the transaction holds already
--- needs no queue). A transaction-local setting ends with its
--- transaction, and goes back with a rolled-back savepoint, as the locks taken under it do. It
--- costs about 16,000 instructions a take (callgrind, bench/instructions.ts take: 263,200 -> 279,400
--- on PostgreSQL 18, 226,000 -> 244,900 on 15): what 0040 meant to save, for a count that is right. It
--- tells its caller whether it queued: take_value() queued on a counter before its UPDATE found no
--- row and hands over to take(), which queues on it again, and gives its place back first, so
--- that a counter's first number counts once, not twice.
+-- Now a transaction counts its own takes that queued, in the setting ordo.counter_queues (a
+-- character each), and queues no more once it has queued 16 times: it holds at most 16 counter
+-- locks, as 0040 meant. As 0040's count, it counts numbers, not counters: 16 numbers of one
+-- counter count as much as one of 16 counters. A transaction-local setting ends with its
+-- transaction and goes back with a rolled-back savepoint, as the locks taken under it do. Writing
+-- a setting costs, so the first take of a transaction that has written nothing yet (no
+-- transaction id), as a take in the caller's transaction usually is, queues without counting:
+-- such a transaction holds no counter's lock. Its later takes, and numbering at commit, count (up
+-- to 15, in queue_counted()). Counted by callgrind (bench/instructions.ts take attach), a number
+-- in the caller's transaction takes 269,700 instructions on PostgreSQL 18 and 232,600 on 15,
+-- against 263,200 and 226,000 before; an INSERT numbered at commit 694,000 and 607,600, against
+-- 669,000 and 581,000 (a call of queue_counted() per row). take_value() that queued with a
+-- transaction id (so counted) before its UPDATE found no row hands over to take(), which counts
+-- again; it gives its place back first, so that a counter's first number counts once.
 --
 -- Custom SQLSTATEs: none new.
 
 -- With the count of its own, track_counts (0040's source) no longer matters.
 DROP FUNCTION {{schema}}.queue_on_counter(text, text, date);
 
+-- Counts a place in the counter queue in the setting ordo.counter_queues, a character each, while
+-- the transaction has fewer than 15: true when it counted one, false when there are 15.
+CREATE FUNCTION {{schema}}.queue_counted() RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  counted text;
+BEGIN
+  IF length(current_setting('ordo.counter_queues', true)) >= 15 THEN
+    RETURN false;
+  END IF;
+  counted := set_config('ordo.counter_queues', coalesce(current_setting('ordo.counter_queues', true), '') || 'q', true);
+  RETURN true;
+END $$;
+
 -- Queues the transaction on a counter's lock (counter_lock(), 0039) unless it has queued 16 times
--- already: true when it queued, false when it did not, null for a null key (no lock).
--- Plain SQL of one expression, so that plpgsql inlines it and runs it as a simple expression.
+-- already: true when it queued. A transaction that has written nothing yet has no transaction id,
+-- and holds no counter's lock (a take that queues writes the counter before it returns, and one
+-- that fails takes its lock with it when it rolls back), so its first take queues without
+-- counting; its later ones count, up to 15 (queue_counted()). With a null key (a null scope or
+-- name) there is no lock. Plain SQL of one expression, so that plpgsql inlines it and runs it as a
+-- simple expression, which plpgsql builds again, all of it, in every transaction: the count
+-- written out in this expression cost 16,000 instructions a take, even where it was not reached,
+-- and the counter's key written twice 14,000.
 CREATE FUNCTION {{schema}}.queue_on_counter(seq_name text, seq_scope text, seq_period date) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
-  SELECT CASE
-    WHEN length(current_setting('ordo.counter_queues', true)) >= 16 THEN false
-    WHEN set_config('ordo.counter_queues', coalesce(current_setting('ordo.counter_queues', true), '') || 'q', true) IS NULL
-      THEN NULL
-    ELSE pg_advisory_xact_lock(hashtext('{{schema_name}}.counter'), {{schema}}.counter_lock(seq_name, seq_scope, seq_period)) IS NOT NULL
-  END
+  SELECT pg_advisory_xact_lock(hashtext('{{schema_name}}.counter'),
+    CASE WHEN pg_current_xact_id_if_assigned() IS NULL OR {{schema}}.queue_counted()
+         THEN {{schema}}.counter_lock(seq_name, seq_scope, seq_period) END) IS NOT NULL
 $$;
 
 -- As in 0040; a counter's place in the count is given back before take() queues on it again.
@@ -88,8 +108,9 @@ BEGIN
     INTO issued;
   END IF;
   IF issued IS NULL THEN
-    IF queued THEN
-      -- take() queues on the same counter: its lock is held already, and it counts once.
+    IF queued AND pg_current_xact_id_if_assigned() IS NOT NULL THEN
+      -- take() queues on the same counter, and counts it again: its lock is held already, and it
+      -- counts once. (Queued with a transaction id: counted; the UPDATE that found no row wrote none.)
       PERFORM set_config('ordo.counter_queues', substr(current_setting('ordo.counter_queues'), 2), true);
     END IF;
     SELECT ARRAY[t.value::text, t.text, t.period] INTO issued
