@@ -84,7 +84,8 @@ describe('a transaction numbering from many counters', () => {
   // PostgreSQL's own count of a transaction's writes (pg_stat_get_xact_tuples_*, 0040's bound)
   // holds every write since the backend last flushed its statistics, at most once a second: a
   // busy connection found the bound reached in most of its transactions, and they waited on the
-  // row. Each transaction here takes one number, so each queues.
+  // row. The last transaction takes two numbers: its first before it has a transaction id (not
+  // counted), its second after (counted); both queue.
   it.each([
     ['take_value() (what next({ tx }) sends)', (s: string) => `SELECT "${s}".take_value('busy', 'hot')`],
     [
@@ -99,7 +100,8 @@ describe('a transaction numbering from many counters', () => {
       for (let i = 0; i < 40; i++) await client.query(call(ordo.schema));
       await client.query('BEGIN');
       await client.query(call(ordo.schema));
-      expect(await counterLocks(pid)).toEqual({ granted: 1, waiting: 0 });
+      await client.query(call(ordo.schema).replace(`'hot'`, `'warm'`));
+      expect(await counterLocks(pid)).toEqual({ granted: 2, waiting: 0 });
       await client.query('COMMIT');
     } finally {
       client.release(true);
@@ -117,6 +119,19 @@ describe('a transaction numbering from many counters', () => {
       expect(await counterLocks(pid)).toEqual({ granted: 0, waiting: 0 });
       expect((await ordo.sequences.next('undone', { scope: 'after', tx: client })).value).toBe(1);
       expect(await counterLocks(pid)).toEqual({ granted: 1, waiting: 0 });
+      await client.query('COMMIT');
+    } finally {
+      client.release(true);
+    }
+  });
+
+  it('a transaction with a transaction id before its first number queues on 15 counters', async () => {
+    await ordo.sequences.define({ name: 'fifteen' });
+    const { client, pid } = await transaction();
+    try {
+      await client.query('SELECT pg_current_xact_id()');
+      for (let i = 0; i < 20; i++) await ordo.sequences.next('fifteen', { scope: `s${i}`, tx: client });
+      expect(await counterLocks(pid)).toEqual({ granted: COUNTERS_QUEUED - 1, waiting: 0 });
       await client.query('COMMIT');
     } finally {
       client.release(true);

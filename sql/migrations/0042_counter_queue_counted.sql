@@ -109,8 +109,8 @@ BEGIN
   END IF;
   IF issued IS NULL THEN
     IF queued AND pg_current_xact_id_if_assigned() IS NOT NULL THEN
-      -- take() queues on the same counter, and counts it again: its lock is held already, and it
-      -- counts once. (Queued with a transaction id: counted; the UPDATE that found no row wrote none.)
+      -- Counted (queued with a transaction id, which the UPDATE that found no row did not change):
+      -- take() counts this counter again, so its place goes back first.
       PERFORM set_config('ordo.counter_queues', substr(current_setting('ordo.counter_queues'), 2), true);
     END IF;
     SELECT ARRAY[t.value::text, t.text, t.period] INTO issued
