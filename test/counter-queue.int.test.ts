@@ -87,20 +87,23 @@ describe('a transaction numbering from many counters', () => {
   // row. The last transaction takes two numbers: its first before it has a transaction id (not
   // counted), its second after (counted); both queue.
   it.each([
-    ['take_value() (what next({ tx }) sends)', (s: string) => `SELECT "${s}".take_value('busy', 'hot')`],
+    [
+      'take_value() (what next({ tx }) sends)',
+      (s: string, scope: string) => `SELECT "${s}".take_value('busy', '${scope}')`,
+    ],
     [
       'take() (what nextval() and SQL callers run)',
-      (s: string) => `SELECT * FROM "${s}".take('busy', 'hot', now(), 1)`,
+      (s: string, scope: string) => `SELECT * FROM "${s}".take('busy', '${scope}', now(), 1)`,
     ],
   ])('through %s: a connection that numbered 40 times this second still queues', async (_, call) => {
     await ordo.sequences.define({ name: 'busy', overwrite: true });
     const { client, pid } = await transaction();
     try {
       await client.query('COMMIT');
-      for (let i = 0; i < 40; i++) await client.query(call(ordo.schema));
+      for (let i = 0; i < 40; i++) await client.query(call(ordo.schema, 'hot'));
       await client.query('BEGIN');
-      await client.query(call(ordo.schema));
-      await client.query(call(ordo.schema).replace(`'hot'`, `'warm'`));
+      await client.query(call(ordo.schema, 'hot'));
+      await client.query(call(ordo.schema, 'warm'));
       expect(await counterLocks(pid)).toEqual({ granted: 2, waiting: 0 });
       await client.query('COMMIT');
     } finally {
