@@ -38,6 +38,16 @@ export interface OrdoOptions {
   statementTimeout?: string | number;
   /** Where ordo reports what it notices (lost notifications); default: warnings go to process.emitWarning. */
   log?: Log;
+  /**
+   * Send ordo's statements on node-postgres connections (ordo's pool, and a pg client given as
+   * `tx`) as named prepared statements, parsed and planned once per connection instead of for
+   * every call (default false). A number in your transaction then costs the database about as
+   * much as a hand-written upsert. Leave it off behind a pooler in transaction mode (PgBouncer
+   * before 1.21 or without `max_prepared_statements`, Supabase's port 6543, Neon's `-pooler`
+   * host): there the next transaction may run on a server connection that never saw the
+   * statement, which fails with `prepared_statement_missing`.
+   */
+  prepare?: boolean;
 }
 
 export interface LogEntry {
@@ -66,6 +76,7 @@ export interface Config {
   log: Log;
   connectTimeoutMs: number;
   statementTimeoutMs: number;
+  prepare: boolean;
 }
 
 const OPTION_KEYS = [
@@ -80,6 +91,7 @@ const OPTION_KEYS = [
   'log',
   'connectTimeout',
   'statementTimeout',
+  'prepare',
 ] as const;
 const HOUR_MS = 3_600_000;
 const DAY_MS = 86_400_000;
@@ -111,6 +123,7 @@ export function resolveConfig(options: OrdoOptions = {}, env: NodeJS.ProcessEnv 
     log: options.log ?? defaultLog,
     connectTimeoutMs: durationOption('connectTimeout', options.connectTimeout ?? '10s', 100, HOUR_MS),
     statementTimeoutMs: durationOption('statementTimeout', options.statementTimeout ?? '30s', 100, DAY_MS),
+    prepare: boolean('prepare', options.prepare ?? false),
   };
 }
 

@@ -30,6 +30,7 @@ export const ERROR_CODES = {
   schema_too_new: 500,
   schema_outdated: 500,
   unsupported_server: 500,
+  prepared_statement_missing: 500,
   embedded_failed: 500,
   handler_failed: 500,
   database_error: 500,
@@ -163,6 +164,19 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
     return wrap(
       'timeout',
       'The statement did not finish within statementTimeout; it was abandoned',
+      error,
+      statement,
+    );
+  }
+  if (sqlstate === '26000') {
+    // ordo sends no PREPARE of its own: a statement it named (createOrdo's prepare) is missing
+    // on the server connection this transaction runs on.
+    return wrap(
+      'prepared_statement_missing',
+      `${message}: the statement was prepared on another server connection, as a pooler in transaction mode ` +
+        'hands each transaction to any (PgBouncer before 1.21 or without max_prepared_statements, ' +
+        "Supabase's port 6543, Neon's -pooler host). Create ordo with prepare: false, or enable " +
+        "the pooler's prepared statements",
       error,
       statement,
     );

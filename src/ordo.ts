@@ -58,7 +58,7 @@ export class Ordo {
     this.schema = config.schema;
     this.nodeId = config.nodeId;
     this.database = describeDatabase(config, embedded);
-    this.inFlight = new InFlight(pool, config.connectTimeoutMs);
+    this.inFlight = new InFlight(pool, config.connectTimeoutMs, config.prepare);
     this.maintainStatement = `SELECT what, deleted FROM ${quoteIdent(config.schema)}.maintain()`;
     this.maintenance = setInterval(() => void this.maintain().catch(() => undefined), MAINTAIN_EVERY_MS);
     this.maintenance.unref();

@@ -807,7 +807,8 @@ describe('embedded_failed', () => {
 // the HTTP server (test/server.int.test.ts reaches them); nothing in the library API raises them.
 // The outbox's codes are reached by test/outbox*.int.test.ts (on a PostgreSQL of their own), the
 // throttles' by test/throttles*.int.test.ts, serialization_failure (a REPEATABLE READ commit
-// numbering rows at commit) by test/attach.int.test.ts.
+// numbering rows at commit) by test/attach.int.test.ts, prepared_statement_missing (prepare:
+// true through a pooler in transaction mode) by test/pgbouncer.int.test.ts.
 const UNREACHABLE: OrdoErrorCode[] = [
   'unsupported_server',
   'unauthorized',
@@ -829,6 +830,7 @@ const UNREACHABLE: OrdoErrorCode[] = [
   'permit_expired',
   'throttled',
   'serialization_failure',
+  'prepared_statement_missing',
 ];
 
 describe('coverage of ERROR_CODES', () => {

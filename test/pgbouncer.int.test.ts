@@ -8,7 +8,7 @@ import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type LogEntry, type Ordo, type OrdoOptions } from '../src/index.js';
+import { createOrdo, type LogEntry, type Ordo, type OrdoOptions, OrdoError } from '../src/index.js';
 import { drawer, duplicates, maxOf, range } from './support/drawer.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import { type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
@@ -82,6 +82,20 @@ function poolOn(url: string, max: number, Client: typeof pg.Client = pg.Client):
   pool.on('error', () => undefined);
   pools.push(pool);
   return pool;
+}
+
+/**
+ * Holds one of PgBouncer's server connections in an open transaction on a client of `pool`,
+ * until release(): which one it got is `pid`. With the others held, the next transaction of
+ * another client runs on the one left free.
+ */
+function holder(pool: pg.Pool): () => Promise<{ pid: number; release(): Promise<void> }> {
+  return async () => {
+    const c = await pool.connect();
+    await c.query('BEGIN');
+    const pid = (await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
+    return { pid, release: async () => (await c.query('COMMIT'), c.release()) };
+  };
 }
 
 const lostWarnings = (logs: LogEntry[]) => logs.filter((e) => e.code === 'notifications_lost');
@@ -539,13 +553,7 @@ describe('throttles through PgBouncer', () => {
     await ordo.throttles.define({ name: 'prepared', concurrency: 100 });
     // Two server connections held by open transactions: ordo's first shared statement is
     // parsed on the third.
-    const holders = poolOn(url, 3);
-    const hold = async () => {
-      const c = await holders.connect();
-      await c.query('BEGIN');
-      const pid = (await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
-      return { pid, release: async () => (await c.query('COMMIT'), c.release()) };
-    };
+    const hold = holder(poolOn(url, 3));
     const [h1, h2] = [await hold(), await hold()];
     const first = await ordo.throttles.acquire('prepared', { key: 'a' });
     expect(first.granted).toBe(true);
@@ -558,5 +566,52 @@ describe('throttles through PgBouncer', () => {
     for (const h of three) if (h.pid !== h1.pid && h.pid !== h2.pid) await h.release();
     expect(second.granted).toBe(true);
     expect(errors).toEqual([]);
+  });
+});
+
+describe('prepare: true through PgBouncer in transaction mode', () => {
+  // A statement prepared on one server connection is unknown to the others; pg sends only its
+  // name from the second time on, and PgBouncer 1.18 hands the next transaction to any of them.
+  it("a caller's next transaction on another server connection fails with prepared_statement_missing, saying what to change, and loses nothing", async () => {
+    // ordo's own pool is direct; the application's goes through PgBouncer.
+    const { ordo } = await open({ databaseUrl: directUrl, prepare: true });
+    await ordo.sequences.define({ name: 'prepared_invoice' });
+    const client = await poolOn(bouncerUrl, 1).connect();
+    const hold = holder(poolOn(bouncerUrl, 3));
+    const [h1, h2] = [await hold(), await hold()];
+    // Both of next()'s statements (take() until the definition is known, then take_value) are
+    // prepared on the third server connection.
+    await client.query('BEGIN');
+    const taken = [
+      await ordo.sequences.next('prepared_invoice', { tx: client }),
+      await ordo.sequences.next('prepared_invoice', { tx: client }),
+    ];
+    const parsedOn = (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number;
+    await client.query('COMMIT');
+    await h1.release();
+    await h2.release();
+    // Hold that one: the client's next transaction runs on another.
+    const three = [await hold(), await hold(), await hold()];
+    for (const h of three) if (h.pid !== parsedOn) await h.release();
+    await client.query('BEGIN');
+    const refused = await ordo.sequences.next('prepared_invoice', { tx: client }).catch((e: unknown) => e);
+    await client.query('ROLLBACK');
+    for (const h of three) if (h.pid === parsedOn) await h.release();
+    client.release();
+    expect(taken.map((t) => t.value)).toEqual([1, 2]);
+    expect(refused).toBeInstanceOf(OrdoError);
+    expect(refused).toMatchObject({ code: 'prepared_statement_missing' });
+    expect((refused as OrdoError).message).toMatch(
+      /does not exist: .*pooler in transaction mode.*prepare: false/,
+    );
+    // The refused transaction took nothing: the next number is 3, on a direct connection.
+    const after = await direct.connect();
+    try {
+      await after.query('BEGIN');
+      expect((await ordo.sequences.next('prepared_invoice', { tx: after })).value).toBe(3);
+      await after.query('COMMIT');
+    } finally {
+      after.release();
+    }
   });
 });

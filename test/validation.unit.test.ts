@@ -308,6 +308,7 @@ describe('resolveConfig', () => {
       poolSize: 10,
     });
     expect(config.nodeId).toMatch(UUID);
+    expect(config.prepare).toBe(false);
   });
 
   it('gives every config its own random node id', () => {
@@ -318,7 +319,10 @@ describe('resolveConfig', () => {
   it('keeps given values', () => {
     const nodeId = '0b6e9c3a-5d2f-4a71-9f1e-3c4d5e6f7a8b';
     expect(
-      resolveConfig({ databaseUrl: URL_A, schema: 'billing', nodeId, migrate: false, poolSize: 3 }, {}),
+      resolveConfig(
+        { databaseUrl: URL_A, schema: 'billing', nodeId, migrate: false, poolSize: 3, prepare: true },
+        {},
+      ),
     ).toEqual({
       source: { kind: 'url', url: URL_A },
       schema: 'billing',
@@ -329,6 +333,7 @@ describe('resolveConfig', () => {
       log: expect.any(Function),
       connectTimeoutMs: 10_000,
       statementTimeoutMs: 30_000,
+      prepare: true,
     });
   });
 

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import pg from 'pg';
 import pgUtils from 'pg/lib/utils.js';
 import { describe, invalid } from '../validate.js';
@@ -221,13 +222,40 @@ interface PgClient {
 }
 
 interface PgConfig {
+  name?: string;
   text: string;
   types: typeof pg.types;
 }
 
 /** A pg client with pg's default parsers, even when its pool was given other `types`. */
+class PgAdapted extends Adapted {
+  constructor(readonly client: PgClient) {
+    super((text, values) => client.query(pgConfig(text), values));
+  }
+}
+
 function fromPg(client: PgClient): Queryable {
-  return new Adapted((text, values) => client.query(pgConfig(text), values));
+  return new PgAdapted(client);
+}
+
+/**
+ * `db.query` as a named prepared statement when `db` is node-postgres (a pool, a client, or a
+ * client given as `tx`): pg parses it on each connection once, and then sends only its name
+ * and parameters. Undefined for every other driver (postgres.js prepares by its own `prepare`
+ * setting).
+ */
+export function queryPrepared(
+  db: Queryable,
+  text: string,
+  values: unknown[],
+): Promise<{ rows: any[] }> | undefined {
+  const client =
+    db instanceof PgAdapted
+      ? db.client
+      : isPg(db as unknown as Record<string, unknown>)
+        ? (db as unknown as PgClient)
+        : undefined;
+  return client?.query(namedConfig(text), values);
 }
 
 /**
@@ -245,6 +273,24 @@ function pgConfig(text: string): PgConfig {
     shared = { text, types: pg.types };
     if (configs.size >= MAX_CONFIGS) return shared;
     configs.set(text, shared);
+  }
+  return Object.create(shared) as PgConfig;
+}
+
+/**
+ * The same with a name drawn from the text, so that one text has one name on every connection
+ * (pg refuses a name reused for another text). Past MAX_CONFIGS texts, a statement goes
+ * unnamed: a server keeps every statement prepared on a connection until it closes.
+ */
+const namedConfigs = new Map<string, PgConfig>();
+
+function namedConfig(text: string): PgConfig {
+  let shared = namedConfigs.get(text);
+  if (shared === undefined) {
+    if (namedConfigs.size >= MAX_CONFIGS) return pgConfig(text);
+    const name = `ordo_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
+    shared = { name, text, types: pg.types };
+    namedConfigs.set(text, shared);
   }
   return Object.create(shared) as PgConfig;
 }

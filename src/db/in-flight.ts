@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { neverSent, toOrdoError } from '../errors.js';
 import { backoffDelay } from './backoff.js';
+import { queryPrepared } from './drivers.js';
 import type { Queryable } from './queryable.js';
 
 /**
@@ -21,10 +22,13 @@ export class InFlight {
    *   connection may work where the first could not be opened. On a caller's transaction, or
    *   any other single connection, they cannot be, and fail at once.
    * @param retryMs how long they are tried again (0: never).
+   * @param prepare statements on node-postgres go as named prepared statements (createOrdo's
+   *   `prepare`).
    */
   constructor(
     private readonly pool: Queryable,
     private readonly retryMs = 0,
+    private readonly prepare = false,
   ) {}
 
   track<T>(work: Promise<T>): Promise<T> {
@@ -49,8 +53,8 @@ export class InFlight {
     // in one step (a number or an append there costs Node less than the statement's own I/O).
     const sent =
       db === this.pool && retryMs > 0
-        ? this.retry(() => db.query(text, values), retryMs)
-        : send(db, text, values);
+        ? this.retry(() => this.send(db, text, values), retryMs)
+        : this.send(db, text, values);
     this.pending++;
     return sent.then(
       (result) => {
@@ -99,13 +103,13 @@ export class InFlight {
       await new Promise<void>((turn) => setImmediate(turn));
     }
   }
-}
 
-/** db.query, whose synchronous throw (a driver refusing its arguments) becomes a rejection. */
-function send(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
-  try {
-    return db.query(text, values);
-  } catch (e) {
-    return Promise.reject(e);
+  /** db.query (prepared when asked), whose synchronous throw (a driver refusing its arguments) becomes a rejection. */
+  private send(db: Queryable, text: string, values: unknown[]): Promise<{ rows: any[] }> {
+    try {
+      return (this.prepare && queryPrepared(db, text, values)) || db.query(text, values);
+    } catch (e) {
+      return Promise.reject(e);
+    }
   }
 }
