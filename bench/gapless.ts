@@ -30,6 +30,8 @@ const IN_TX = 'bench_in_tx';
 const CALLERS = 64;
 const KEY_COUNT = 64;
 const DAILY = 'bench_invoice';
+/** (a′)'s sequence: (a)'s definition, its own counters. */
+const DAILY_PREPARED = 'bench_invoice_prepared';
 
 /** The business table of (e)–(g): a row per transaction, its number null until numbered. */
 export const workTable = (name: string) =>
@@ -61,23 +63,27 @@ const MANY: Keys = { label: `${KEY_COUNT} keys`, scope: () => `k${Math.floor(Mat
 type Take = (client: pg.PoolClient, scope: string) => Promise<{ number: number; day: string }>;
 
 interface TxVariant {
-  id: 'a' | 'b' | 'c';
+  id: 'a' | 'p' | 'b' | 'c';
   label: string;
   take: Take;
   /** The committed counter per (scope, day), to check that no number was taken and lost. */
   counters: string;
 }
 
-const variants = (ordo: Ordo): [TxVariant, TxVariant, TxVariant] => [
-  {
-    id: 'a',
-    label: '(a) ordo next({ tx }) + insert',
-    take: async (client, scope) => {
-      const issued = await ordo.sequences.next(DAILY, { scope, tx: client });
-      return { number: issued.value, day: issued.period! };
-    },
-    counters: `SELECT scope, period::text AS day, value FROM ordo.counters WHERE sequence = '${DAILY}'`,
+const ordoVariant = (id: 'a' | 'p', label: string, ordo: Ordo, sequence: string): TxVariant => ({
+  id,
+  label,
+  take: async (client, scope) => {
+    const issued = await ordo.sequences.next(sequence, { scope, tx: client });
+    return { number: issued.value, day: issued.period! };
   },
+  counters: `SELECT scope, period::text AS day, value FROM ordo.counters WHERE sequence = '${sequence}'`,
+});
+
+/** (a′): ordo created with prepare: true, its statement parsed and planned once per connection. */
+const variants = (ordo: Ordo, prepared: Ordo): [TxVariant, TxVariant, TxVariant, TxVariant] => [
+  ordoVariant('a', '(a) ordo next({ tx }) + insert', ordo, DAILY),
+  ordoVariant('p', '(a′) the same, prepare: true', prepared, DAILY_PREPARED),
   {
     id: 'b',
     label: '(b) raw upsert + insert (limit)',
@@ -141,7 +147,8 @@ async function run(ctx: BenchContext): Promise<Table[]> {
   admin.on('error', () => undefined);
   try {
     const ordo = await createOrdo({ pool: admin });
-    await ordo.sequences.define({ name: DAILY, reset: 'day' });
+    const prepared = await createOrdo({ pool: admin, prepare: true });
+    for (const name of [DAILY, DAILY_PREPARED]) await ordo.sequences.define({ name, reset: 'day' });
     for (const name of Object.values(STANDALONE)) await ordo.sequences.define({ name });
     for (const name of [AT_COMMIT, IN_TX]) await ordo.sequences.define({ name });
     await admin.query(`
@@ -150,6 +157,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
         scope text NOT NULL, day date NOT NULL, number bigint NOT NULL,
         payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
       CREATE TABLE bench_invoices_a (LIKE bench_invoices INCLUDING ALL);
+      CREATE TABLE bench_invoices_p (LIKE bench_invoices INCLUDING ALL);
       CREATE TABLE bench_invoices_b (LIKE bench_invoices INCLUDING ALL);
       CREATE TABLE bench_invoices_c (LIKE bench_invoices INCLUDING ALL);
       ${COUNTERS_DDL}
@@ -164,9 +172,10 @@ async function run(ctx: BenchContext): Promise<Table[]> {
     const rows: (Row | null)[] = [];
     const goals: string[][] = [];
     for (const keys of [HOT, MANY]) {
-      const [a, b, c] = await inTransaction(ctx, admin, ordo, keys);
-      rows.push(a, b, c, null);
+      const [a, p, b, c] = await inTransaction(ctx, admin, ordo, prepared, keys);
+      rows.push(a, p, b, c, null);
       goals.push(goal('(a) ≥ 0.9 × (b)', keys, a.load.opsPerSecond / b.load.opsPerSecond, 0.9));
+      goals.push(goal('(a′) ≥ 0.9 × (b)', keys, p.load.opsPerSecond / b.load.opsPerSecond, 0.9));
       goals.push(goal('(a) ≥ 1.3 × (c)', keys, a.load.opsPerSecond / c.load.opsPerSecond, 1.3));
     }
     const workRows: (Row | null)[] = [];
@@ -192,6 +201,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
       goals.push(goal('(d) ≥ 20 × naive', keys, coalesced.load.opsPerSecond / naive.load.opsPerSecond, 20));
     }
     await ordo.close();
+    await prepared.close();
 
     return [
       {
@@ -236,6 +246,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
         notes: [
           '(a)–(c): one op = BEGIN; take the number of a key for today; INSERT the invoice; COMMIT. "hot": every op on one key;',
           `  "${KEY_COUNT} keys": a key drawn at random per op. (b) is a hand-written INSERT … ON CONFLICT DO UPDATE … RETURNING on a bare table.`,
+          "(a′): ordo created with prepare: true (ordo's statement a named prepared one, planned once per connection); (b) stays unnamed.",
           '(d): one op = one value; ordo standalone calls queued while statements are in flight share the next statement,',
           '  across keys (take_many); with one caller waiting per key, a statement still updates one row per value.',
           'verified: committed numbers per key (and day) are exactly 1..n, no gap, no duplicate, n = the stored counter.',
@@ -351,18 +362,19 @@ function goal(text: string, keys: Keys, ratio: number, min: number): string[] {
 /** Empty tables and counters, and a checkpoint, so that every comparison starts alike. */
 async function reset(admin: pg.Pool): Promise<void> {
   await admin.query(
-    'TRUNCATE bench_invoices_a, bench_invoices_b, bench_invoices_c, bench_counters, bench_orm_counters, ordo.counters',
+    'TRUNCATE bench_invoices_a, bench_invoices_p, bench_invoices_b, bench_invoices_c, bench_counters, bench_orm_counters, ordo.counters',
   );
   await admin.query('CHECKPOINT').catch(() => undefined);
 }
 
-/** (a), (b) and (c) on the same workers, alternating, then their committed numbers checked. */
+/** (a), (a′), (b) and (c) on the same workers, alternating, then their committed numbers checked. */
 async function inTransaction(
   ctx: BenchContext,
   admin: pg.Pool,
   ordo: Ordo,
+  prepared: Ordo,
   keys: Keys,
-): Promise<[Row, Row, Row]> {
+): Promise<[Row, Row, Row, Row]> {
   await reset(admin);
   const pool = await openPool(ctx.url, TX_WORKERS, 'ordo-bench');
   const clients = await Promise.all(Array.from({ length: TX_WORKERS }, () => pool.connect()));
@@ -372,7 +384,7 @@ async function inTransaction(
   const counted = clients.map((c) => countQueries(c));
   const statements = () => counted.reduce((n, c) => n + c.count, 0);
   try {
-    const [a, b, c] = variants(ordo);
+    const [a, p, b, c] = variants(ordo, prepared);
     const scenario = (v: TxVariant) => ({
       workers: TX_WORKERS,
       statements,
@@ -393,7 +405,10 @@ async function inTransaction(
         }
       },
     });
-    const measured = await interleave({ a: scenario(a), b: scenario(b), c: scenario(c) }, ctx);
+    const measured = await interleave(
+      { a: scenario(a), p: scenario(p), b: scenario(b), c: scenario(c) },
+      ctx,
+    );
     const row = async (v: TxVariant): Promise<Row> => {
       const load = measured[v.id].result();
       return logged(ctx, {
@@ -404,7 +419,7 @@ async function inTransaction(
         verified: await verifyCommitted(admin, `bench_invoices_${v.id}`, v.counters),
       });
     };
-    return [await row(a), await row(b), await row(c)];
+    return [await row(a), await row(p), await row(b), await row(c)];
   } finally {
     for (const c of clients) c.release();
     await pool.end();
