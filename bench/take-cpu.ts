@@ -22,6 +22,7 @@ const NAME = 'cpu_daily';
 await withScratchDatabase('ordo_take_cpu', url, async (target) => {
   const pool = new pg.Pool({ connectionString: target, max: 2 });
   const ordo = await createOrdo({ pool });
+  const prepared = await createOrdo({ pool, prepare: true });
   await ordo.sequences.define({ name: NAME, reset: 'day' });
   const client = await pool.connect();
   await client.query(COUNTERS_DDL);
@@ -32,6 +33,8 @@ await withScratchDatabase('ordo_take_cpu', url, async (target) => {
   const takes: Record<string, (i: number) => Promise<unknown>> = {
     /** gapless (b): the hand-written limit. */
     upsert: (i) => client.query(UPSERT, [scope(i)]),
+    /** The same as a named prepared statement: parsed and planned once. */
+    'upsert, prepared': (i) => client.query({ name: 'bench_upsert', text: UPSERT, values: [scope(i)] }),
     /** The statement next({ tx }) sent before 0018. */
     'take() sql': (i) =>
       client.query(
@@ -42,10 +45,13 @@ await withScratchDatabase('ordo_take_cpu', url, async (target) => {
     'take_value() sql': (i) => client.query(sequencePlans('ordo').takeValue, [NAME, scope(i), null]),
     /** gapless (a). */
     'next({ tx })': (i) => ordo.sequences.next(NAME, { scope: scope(i), tx: client }),
+    /** gapless (a′). */
+    'next({ tx }), prepare: true': (i) => prepared.sequences.next(NAME, { scope: scope(i), tx: client }),
   };
   const variants = inTransactions(client, server, takes);
   await measureCpu(variants, { ops: N, rounds: ROUNDS, warmup: 500, what: 'BEGIN; take; COMMIT' });
   client.release();
   await ordo.close();
+  await prepared.close();
   await pool.end();
 });
