@@ -255,44 +255,31 @@ export function queryPrepared(
       : isPg(db as unknown as Record<string, unknown>)
         ? (db as unknown as PgClient)
         : undefined;
-  return client?.query(namedConfig(text), values);
+  return client?.query(pgConfig(text, true), values);
 }
 
 /**
  * pg copies a query config's own properties one by one (cloneQueryConfig, through property
  * descriptors), which costs more than the rest of a short query in Node; a config whose text
- * and types are on its prototype is copied for nothing. One prototype per statement text:
- * ordo sends a few dozen, so past MAX_CONFIGS a text gets a plain object instead.
+ * and types are on its prototype is copied for nothing. One prototype per statement text, and
+ * one with a name drawn from the text for a prepared statement, so that one text has one name
+ * on every connection (pg refuses a name reused for another text). ordo sends a few dozen
+ * texts: past MAX_CONFIGS a text gets a plain object, unnamed (a server keeps every statement
+ * prepared on a connection until it closes).
  */
-const configs = new Map<string, PgConfig>();
+const configs = new Map<string, { plain: PgConfig; named: PgConfig }>();
 const MAX_CONFIGS = 1000;
 
-function pgConfig(text: string): PgConfig {
+function pgConfig(text: string, prepared = false): PgConfig {
   let shared = configs.get(text);
   if (shared === undefined) {
-    shared = { text, types: pg.types };
-    if (configs.size >= MAX_CONFIGS) return shared;
+    const plain = { text, types: pg.types };
+    if (configs.size >= MAX_CONFIGS) return plain;
+    const name = `ordo_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
+    shared = { plain, named: { ...plain, name } };
     configs.set(text, shared);
   }
-  return Object.create(shared) as PgConfig;
-}
-
-/**
- * The same with a name drawn from the text, so that one text has one name on every connection
- * (pg refuses a name reused for another text). Past MAX_CONFIGS texts, a statement goes
- * unnamed: a server keeps every statement prepared on a connection until it closes.
- */
-const namedConfigs = new Map<string, PgConfig>();
-
-function namedConfig(text: string): PgConfig {
-  let shared = namedConfigs.get(text);
-  if (shared === undefined) {
-    if (namedConfigs.size >= MAX_CONFIGS) return pgConfig(text);
-    const name = `ordo_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
-    shared = { name, text, types: pg.types };
-    namedConfigs.set(text, shared);
-  }
-  return Object.create(shared) as PgConfig;
+  return Object.create(prepared ? shared.named : shared.plain) as PgConfig;
 }
 
 /** Raw rows (each value the server's text, or null) parsed by column type as pg parses them. */
