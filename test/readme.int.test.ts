@@ -2,8 +2,9 @@
 // README shows (its SQL blocks and their results, the SQL functions it lists "From SQL", the
 // results its TypeScript and curl samples show, the limits it states) and checks each against a
 // fresh database, in the README's order. ORDO_README names another copy (to try a fix).
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { maxHeaderSize } from 'node:http';
+import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { runInNewContext } from 'node:vm';
 import type { FastifyInstance } from 'fastify';
@@ -481,5 +482,12 @@ describe('the README’s tables, lists and links', () => {
     const anchors = [...prose.matchAll(/^#+ (.+)$/gm)].map((m) => headingAnchor(m[1]!));
     const links = [...prose.matchAll(/\]\(#([^)]+)\)/g)].map((m) => m[1]!);
     expect(links.filter((anchor) => !anchors.includes(anchor)).map((anchor) => `#${anchor}`)).toEqual([]);
+  });
+
+  it('every link to a file of the repository names one that exists', () => {
+    const prose = readme.replace(/^```[\s\S]*?^```$/gm, '');
+    const files = [...prose.matchAll(/\]\(([^)#:]+)(?:#[^)]*)?\)/g)].map((m) => m[1]!);
+    expect(files.length).toBeGreaterThan(0);
+    expect(files.filter((file) => !existsSync(resolve(dirname(README), file)))).toEqual([]);
   });
 });
