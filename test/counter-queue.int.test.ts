@@ -43,6 +43,18 @@ async function transaction(): Promise<{ client: pg.PoolClient; pid: number }> {
   return { client, pid };
 }
 
+/** `body` in a transaction of its own (its client closed afterwards, whatever happens). */
+async function inTransaction(
+  body: (t: { client: pg.PoolClient; pid: number }) => Promise<void>,
+): Promise<void> {
+  const t = await transaction();
+  try {
+    await body(t);
+  } finally {
+    t.client.release(true);
+  }
+}
+
 describe('a transaction numbering from many counters', () => {
   it.each([
     [
@@ -58,8 +70,7 @@ describe('a transaction numbering from many counters', () => {
     async (_, call) => {
       await ordo.sequences.define({ name: 'many', overwrite: true });
       await pool.query(`DELETE FROM "${ordo.schema}".counters WHERE sequence = 'many'`);
-      const { client, pid } = await transaction();
-      try {
+      await inTransaction(async ({ client, pid }) => {
         const { rows } = await client.query(
           `SELECT count(*)::int AS n, min(v)::int AS lo, max(v)::int AS hi
            FROM (SELECT ${call(ordo.schema)} AS v FROM generate_series(1, 20000) AS i) AS taken`,
@@ -70,9 +81,7 @@ describe('a transaction numbering from many counters', () => {
         // table is not full.
         expect((await ordo.sequences.next('many', { scope: 'elsewhere' })).value).toBe(1);
         await client.query('COMMIT');
-      } finally {
-        client.release(true);
-      }
+      });
       const { rows } = await pool.query(
         `SELECT count(*)::int AS n, count(*) FILTER (WHERE value = 1)::int AS first
          FROM "${ordo.schema}".counters WHERE sequence = 'many' AND scope LIKE 'tenant-%'`,
@@ -97,8 +106,7 @@ describe('a transaction numbering from many counters', () => {
     ],
   ])('through %s: a connection that numbered 40 times this second still queues', async (_, call) => {
     await ordo.sequences.define({ name: 'busy', overwrite: true });
-    const { client, pid } = await transaction();
-    try {
+    await inTransaction(async ({ client, pid }) => {
       await client.query('COMMIT');
       for (let i = 0; i < 40; i++) await client.query(call(ordo.schema, 'hot'));
       await client.query('BEGIN');
@@ -106,15 +114,12 @@ describe('a transaction numbering from many counters', () => {
       await client.query(call(ordo.schema, 'warm'));
       expect(await counterLocks(pid)).toEqual({ granted: 2, waiting: 0 });
       await client.query('COMMIT');
-    } finally {
-      client.release(true);
-    }
+    });
   });
 
   it('a savepoint rolled back gives back the locks it queued on and their places in the count', async () => {
     await ordo.sequences.define({ name: 'undone' });
-    const { client, pid } = await transaction();
-    try {
+    await inTransaction(async ({ client, pid }) => {
       await client.query('SAVEPOINT numbering');
       for (let i = 0; i < 20; i++) await ordo.sequences.next('undone', { scope: `s${i}`, tx: client });
       expect(await counterLocks(pid)).toEqual({ granted: COUNTERS_QUEUED, waiting: 0 });
@@ -123,28 +128,22 @@ describe('a transaction numbering from many counters', () => {
       expect((await ordo.sequences.next('undone', { scope: 'after', tx: client })).value).toBe(1);
       expect(await counterLocks(pid)).toEqual({ granted: 1, waiting: 0 });
       await client.query('COMMIT');
-    } finally {
-      client.release(true);
-    }
+    });
   });
 
   it('a transaction with a transaction id before its first number queues on 15 counters', async () => {
     await ordo.sequences.define({ name: 'fifteen' });
-    const { client, pid } = await transaction();
-    try {
+    await inTransaction(async ({ client, pid }) => {
       await client.query('SELECT pg_current_xact_id()');
       for (let i = 0; i < 20; i++) await ordo.sequences.next('fifteen', { scope: `s${i}`, tx: client });
       expect(await counterLocks(pid)).toEqual({ granted: COUNTERS_QUEUED - 1, waiting: 0 });
       await client.query('COMMIT');
-    } finally {
-      client.release(true);
-    }
+    });
   });
 
   it('next({ tx }) on 40 scopes queues on the locks of the first 16 only, and numbers every one', async () => {
     await ordo.sequences.define({ name: 'forty' });
-    const { client, pid } = await transaction();
-    try {
+    await inTransaction(async ({ client, pid }) => {
       const values: number[] = [];
       for (let i = 0; i < 40; i++)
         values.push((await ordo.sequences.next('forty', { scope: `s${i}`, tx: client })).value);
@@ -153,9 +152,7 @@ describe('a transaction numbering from many counters', () => {
       // A second number of a counter past the 16: from its row, in order.
       expect((await ordo.sequences.next('forty', { scope: 's39', tx: client })).value).toBe(2);
       await client.query('COMMIT');
-    } finally {
-      client.release(true);
-    }
+    });
   });
 });
 
