@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { migrate } from '../src/db/migrations.js';
+import { migrateLegacy } from './support/legacy-schema.js';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { freshDatabase, type OrdoDatabase, ordoDatabase, type TestDatabase } from './support/database.js';
 
@@ -1141,14 +1141,14 @@ describe('detach waits a bounded time for the table', () => {
   });
 });
 
-describe('attachments made before 0013', () => {
+describe('attachments made before 0013, upgraded by 8080e8c and then today', () => {
   it('keep numbering after the upgrade, noted by the new row trigger, and detach drops what they had', async () => {
     const old = await freshDatabase();
     const pool = old.pool(16);
     let upgraded: Ordo | undefined;
     try {
       // The schema as ordo left it before 0013, with an attachment made by its functions.
-      await migrate(pool, 'ordo', true, 12);
+      await migrateLegacy(pool, 'ordo', 12);
       await pool.query(`
         SELECT * FROM ordo.define_sequence('old_parts', 'gapless', 1, 1, 1, 9007199254740991, false, 1, NULL,
                                            'never', 'UTC', NULL, 'create', 1);
@@ -1158,6 +1158,7 @@ describe('attachments made before 0013', () => {
         SELECT ordo.attach_sequence('old_parts', 'old_parts', 'number', 'region');
         INSERT INTO old_parts (region) VALUES ('eu'), ('us');`);
 
+      await migrateLegacy(pool, 'ordo');
       upgraded = await createOrdo({ databaseUrl: old.url, poolSize: 2 });
       expect(await upgraded.sequences.attachments('old_parts')).toEqual([
         {

@@ -1,7 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadMigrations, migrate } from '../src/db/migrations.js';
+import {
+  BASELINE,
+  compareVersions,
+  loadFunctions,
+  loadMigrations,
+  migrate,
+  ORDO_VERSION,
+} from '../src/db/migrations.js';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { LEGACY_NEWEST, migrateLegacy } from './support/legacy-schema.js';
 
 let db: TestDatabase;
 
@@ -62,17 +70,17 @@ describe('migrations', () => {
     }
   });
 
-  it('0031 refuses a definition whose year starts in another month without a yearly reset, and applies once it is fixed', async () => {
+  it('0031 (8080e8c) refuses a definition whose year starts in another month without a yearly reset, and applies once it is fixed', async () => {
     const old = await freshDatabase();
     try {
       const pool = old.pool(2);
-      await migrate(pool, 'ordo', true, 30);
+      await migrateLegacy(pool, 'ordo', 30);
       await pool.query(`SELECT * FROM ordo.define_sequence('fiscal', 'gapless', 1, 1, 1, 9007199254740991, false, 1,
                           NULL, 'year', 'UTC', NULL, 'create', 4)`);
       // Nothing ordo writes: a hand-made change of the reset alone.
       await pool.query(`UPDATE ordo.sequences SET reset = 'month' WHERE name = 'fiscal'`);
-      const refused = await createOrdo({ databaseUrl: old.url, poolSize: 1 }).then(
-        async (o) => (await o.close(), undefined),
+      const refused = await migrateLegacy(pool, 'ordo').then(
+        () => undefined,
         (e: unknown) => e,
       );
       expect(refused).toBeInstanceOf(OrdoError);
@@ -81,6 +89,7 @@ describe('migrations', () => {
       expect(version.rows[0].v).toBe(30);
 
       await pool.query(`UPDATE ordo.sequences SET year_start = 1 WHERE name = 'fiscal'`);
+      await migrateLegacy(pool, 'ordo');
       const ordo = await createOrdo({ databaseUrl: old.url, poolSize: 1 });
       try {
         expect(await ordo.sequences.next('fiscal', { at: '2026-05-20T00:00:00Z' })).toMatchObject({
@@ -93,5 +102,111 @@ describe('migrations', () => {
     } finally {
       await old.drop();
     }
+  });
+
+  it('20 clients starting at once on a database of 8080e8c apply its functions exactly once, in one transaction', async () => {
+    const old = await freshDatabase();
+    try {
+      await migrateLegacy(old.pool(1), 'ordo');
+      expect(LEGACY_NEWEST).toBe(BASELINE);
+      const clients = await Promise.all(
+        Array.from({ length: 20 }, () => createOrdo({ databaseUrl: old.url, poolSize: 2 })),
+      );
+      try {
+        const raw = old.pool();
+        const { rows } = await raw.query(
+          'SELECT count(*)::int AS n, count(DISTINCT xmin::text)::int AS transactions FROM ordo.installed_functions',
+        );
+        expect(rows).toEqual([{ n: loadFunctions().length, transactions: 1 }]);
+        const versions = await raw.query('SELECT count(*)::int AS n FROM ordo.migrations');
+        expect(versions.rows[0].n).toBe(BASELINE);
+        await clients[0]!.sequences.define({ name: 'shared' });
+        const values = await Promise.all(clients.map((c) => c.nextval('shared')));
+        expect(values.sort((a, b) => a - b)).toEqual(Array.from({ length: 20 }, (_, i) => i + 1));
+      } finally {
+        await Promise.all(clients.map((c) => c.close()));
+      }
+    } finally {
+      await old.drop();
+    }
+  });
+
+  it('a schema a development build left before the baseline is refused, and nothing is written', async () => {
+    const old = await freshDatabase();
+    try {
+      const pool = old.pool(1);
+      await migrateLegacy(pool, 'ordo', 30);
+      for (const apply of [true, false]) {
+        const refused = await migrate(pool, 'ordo', apply).then(
+          () => undefined,
+          (e: unknown) => e,
+        );
+        expect(refused).toBeInstanceOf(OrdoError);
+        expect(refused).toMatchObject({ code: 'schema_outdated' });
+        expect((refused as OrdoError).message).toContain(`at migration 30`);
+        expect((refused as OrdoError).message).toContain(`from migration ${BASELINE} on`);
+      }
+      const { rows } = await pool.query(
+        "SELECT max(version) AS v, to_regclass('ordo.installed_functions') AS functions FROM ordo.migrations",
+      );
+      expect(rows).toEqual([{ v: 30, functions: null }]);
+    } finally {
+      await old.drop();
+    }
+  });
+
+  it('a function file whose text changed is applied again, alone; migrate: false refuses until it is', async () => {
+    const pool = db.pool(1);
+    await migrate(pool, 'ordo');
+    const [file] = loadFunctions().filter((f) => f.file === 'gapless/take_value');
+    expect(file).toBeDefined();
+    // What a database whose take_value() is another version's looks like.
+    await pool.query(`UPDATE ordo.installed_functions SET checksum = 'older' WHERE file = $1`, [file!.file]);
+    await pool.query(`CREATE OR REPLACE FUNCTION ordo.take_value(seq_name text, seq_scope text DEFAULT '', at timestamptz DEFAULT NULL)
+                      RETURNS text[] LANGUAGE sql AS $$ SELECT ARRAY['-1'] $$`);
+    const refused = await migrate(pool, 'ordo', false).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(refused).toMatchObject({ code: 'schema_outdated' });
+    expect((refused as OrdoError).message).toContain('SQL functions');
+    expect(await migrate(pool, 'ordo')).toEqual({ applied: [], functions: [file!.file], version: BASELINE });
+    const ordo = await createOrdo({ databaseUrl: db.url, poolSize: 1 });
+    try {
+      await ordo.sequences.define({ name: 'after_change', ifNotExists: true });
+      const value = await ordo.transaction((tx) => ordo.sequences.next('after_change', { tx }));
+      expect(value.value).toBe(1);
+    } finally {
+      await ordo.close();
+    }
+    expect(await migrate(pool, 'ordo')).toEqual({ applied: [], functions: [], version: BASELINE });
+  });
+
+  it('functions a newer ordo applied are not replaced by this one, which runs on them', async () => {
+    const other = await freshDatabase();
+    try {
+      const pool = other.pool(1);
+      await migrate(pool, 'ordo');
+      const newer = ORDO_VERSION.replace(/^(\d+)/, (major) => String(Number(major) + 1));
+      expect(compareVersions(newer, ORDO_VERSION)).toBe(1);
+      await pool.query(
+        `UPDATE ordo.installed_functions SET ordo_version = $1, checksum = 'newer' WHERE file = 'gapless/take'`,
+        [newer],
+      );
+      expect(await migrate(pool, 'ordo', false)).toEqual({ applied: [], functions: [], version: BASELINE });
+      expect(await migrate(pool, 'ordo')).toEqual({ applied: [], functions: [], version: BASELINE });
+      const { rows } = await pool.query(
+        `SELECT checksum, ordo_version FROM ordo.installed_functions WHERE file = 'gapless/take'`,
+      );
+      expect(rows).toEqual([{ checksum: 'newer', ordo_version: newer }]);
+    } finally {
+      await other.drop();
+    }
+  });
+
+  it('compareVersions orders major.minor.patch numerically and ignores a pre-release suffix', () => {
+    expect(compareVersions('0.10.0', '0.9.9')).toBe(1);
+    expect(compareVersions('1.0.0', '1.0.0-beta.1')).toBe(0);
+    expect(compareVersions('0.1.0', '0.1.1')).toBe(-1);
   });
 });

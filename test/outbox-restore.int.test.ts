@@ -7,7 +7,8 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Ordo, OrdoError } from '../src/index.js';
-import { migrate, quoteIdent } from '../src/db/migrations.js';
+import { quoteIdent } from '../src/db/migrations.js';
+import { migrateLegacy } from './support/legacy-schema.js';
 import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
 import { dump, restore, restoreServers, sql } from './support/restore.js';
 
@@ -254,7 +255,7 @@ describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
     await c.connect();
     try {
       const pool = new pg.Pool({ connectionString: servers.old.url, max: 1 });
-      await migrate(pool, schema, true, 7).finally(() => pool.end());
+      await migrateLegacy(pool, schema, 7).finally(() => pool.end());
       const append = (label: string, on: pg.Client = c) =>
         on.query(`SELECT ${s}.append('t', 'm', jsonb_build_object('label', $1::text))`, [label]);
       await c.query(`SELECT ${s}.create_subscription('sub', 't', 'beginning')`);
@@ -276,7 +277,11 @@ describe('the upgrade from the schema of 0003 (migrations 1 to 7)', () => {
       await append('a5');
 
       // The migration waits for appends in flight (its index takes a SHARE lock on messages).
-      const migrated = ordoOn(servers.old.url, schema);
+      const migrated = (async () => {
+        const pool = new pg.Pool({ connectionString: servers.old.url, max: 1 });
+        await migrateLegacy(pool, schema).finally(() => pool.end());
+        return ordoOn(servers.old.url, schema);
+      })();
       await new Promise((r) => setTimeout(r, 300));
       await early.query('COMMIT');
       await early.end();

@@ -6,7 +6,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { migrate } from '../src/db/migrations.js';
+import { migrateLegacy } from './support/legacy-schema.js';
 import { createOrdo, type Ordo } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 import { granted } from './support/permits.js';
@@ -233,12 +233,12 @@ describe('maintain() beside a decision', () => {
   });
 });
 
-describe('upgrade to 0033', () => {
+describe('upgrade to 0033 (8080e8c), then today', () => {
   it('counts the permits running, ended unfolded and expired unswept of a database on 0032, and the limit holds across it', async () => {
     const old = await freshDatabase();
     try {
       const pool = old.pool(2);
-      await migrate(pool, 'ordo', true, 32);
+      await migrateLegacy(pool, 'ordo', 32);
       const acquire = async (key: string, cost: number) =>
         (
           await pool.query(
@@ -258,6 +258,7 @@ describe('upgrade to 0033', () => {
       await pool.query(`UPDATE ordo.throttles SET lease_ms = 60000 WHERE name = 'upgraded'`);
       await sleep(300);
 
+      await migrateLegacy(pool, 'ordo');
       const ordo = await createOrdo({ databaseUrl: old.url, poolSize: 2 });
       try {
         const { rows } = await pool.query(
