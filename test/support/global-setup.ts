@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { TestProject } from 'vitest/node';
 import { startEmbedded } from '../../src/db/embedded.js';
+import { ensureSystemPrograms } from './system-packages.js';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -14,8 +15,10 @@ declare module 'vitest' {
 /**
  * Integration tests run against DATABASE_URL when it is set, otherwise against an embedded
  * PostgreSQL started here in a throw-away directory, so `npm test` needs no database at all.
+ * The programs some tests drive (PgBouncer, Chromium) are installed first when missing.
  */
 export default async function setup(project: TestProject) {
+  ensureSystemPrograms((line) => process.stderr.write(`${line}\n`));
   const given = process.env.ORDO_DATABASE_URL ?? process.env.DATABASE_URL;
   if (given) {
     project.provide('databaseUrl', given);

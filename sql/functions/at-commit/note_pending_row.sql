@@ -1,12 +1,13 @@
 -- The counters a transaction will number at commit, noted as its rows are written, by a row
 -- trigger BEFORE INSERT or UPDATE (create_note_trigger(); a row trigger is copied to every
 -- partition, those attached later too). Arguments: sequence, column, scope column ('' for none).
--- The counter noted last is in ordo.pending_last; its WHEN clause skips rows of that counter, so
--- a run of rows of one counter calls this once. From the second counter on, the commit needs its
--- stripes locked (lock_pending_counters()): the stripes of all of them, the first one's too, are
--- noted in ordo.pending_stripes, read as ',3,17,' (every stripe between commas, so that a search
--- for ',17,' finds exactly that one), and ordo.pending_many = 'yes'. The first counter costs one
--- setting. Idempotent: a row of a counter noted already notes nothing new.
+-- The counter noted last is in ordo.pending_last, and the INSERT trigger's WHEN clause skips
+-- rows of that counter, so a run of rows of one counter calls this once. From the second counter
+-- on, the commit needs its stripes locked (lock_pending_counters()): the stripes of all of them,
+-- the first one's too, are noted in ordo.pending_stripes, read as ',3,17,' (every stripe between
+-- commas, so that a search for ',17,' finds exactly that one), and ordo.pending_many = 'yes'.
+-- The first counter costs one setting. Idempotent: a row of a counter noted already notes
+-- nothing new.
 CREATE OR REPLACE FUNCTION {{schema}}.note_pending_row() RETURNS trigger
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE

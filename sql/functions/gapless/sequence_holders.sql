@@ -47,7 +47,7 @@ LANGUAGE sql VOLATILE AS $$
     SELECT count(*) AS n FROM locks AS w
      WHERE w.locktype = 'transactionid' AND w.transactionid = h.xmax AND NOT w.granted
        AND NOT EXISTS (SELECT 1 FROM locks AS t WHERE t.pid = w.pid AND t.locktype = 'tuple' AND t.granted)) AS on_holder
-  -- Queued on the counter's lock (take_value()).
+  -- Queued on the counter's lock (queue_on_counter(), by take() and take_value()).
   CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM locks AS w
      WHERE w.locktype = 'advisory' AND NOT w.granted AND w.objsubid = 2

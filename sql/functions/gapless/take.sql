@@ -1,15 +1,15 @@
 -- The one decision of a gapless sequence: take `how_many` consecutive values for a scope, in the
 -- period that contains `at`, each with its text (the format rendered) and its period (null for a
--- sequence that never resets). Every case ends here: take_value() leaves to it a new counter,
--- the maximum and every error; take_once(), nextval() and nextval_text() call it.
+-- sequence that never resets). take_value() leaves it a new counter, the maximum and every
+-- error; take_once(), nextval() and nextval_text() call it.
 --
 -- Locks, in this order, each held until the caller's transaction ends:
 -- 1. The sequence's kind lock, shared (advisory: class hashtext('<schema>.sequence_kind'), key
 --    hashtext(name)), before the definition is read. define_sequence() takes it exclusive to turn
 --    a gapless sequence batched, so it waits for every transaction that took from the sequence
 --    before it reads their counters, and a take that waited for it reads the new kind (OX004).
---    An advisory lock lives in the lock table only, where a row lock on the definition, taken
---    by every take, would make MultiXacts on one hot row. It is taken in an IF, whose condition
+--    An advisory lock lives in the lock table only; the definition's row locked FOR KEY SHARE by
+--    every take would make MultiXacts of one hot row. It is taken in an IF, whose condition
 --    plpgsql evaluates as a simple expression, where a PERFORM runs through the executor.
 -- 2. The counter's queue (queue_on_counter()), right before its row: takers of one hot counter
 --    wait in the lock table, and the one that gets the lock runs the upsert with a snapshot that

@@ -2,8 +2,8 @@
 -- when the batch ended it) and returns how many messages the batch held. In the handler's
 -- transaction, so that what the handler wrote and the move commit together. Null, and nothing
 -- written, when the caller no longer holds the partition at that version (taken over, or sought).
--- The row is locked before it is read for the move, so an ack and a takeover or seek of the
--- partition never both succeed.
+-- The row is locked as it is read (FOR UPDATE), so an ack waits for a takeover or seek in progress,
+-- and then finds the partition no longer its own.
 --
 -- `strict`: refused once the lease has lapsed, even if nobody took it (receipts over HTTP).
 -- `release`: the lease is given up, and the topic's channel notified so that another consumer takes

@@ -6,13 +6,13 @@
 -- start; the transaction's id rides in it because reading it beside the call costs more (an xid8
 -- fits a bigint until 2^63 transactions).
 --
--- Locks, in this order: the transaction's id is taken first, then the topic's shared advisory lock
--- ordo_outbox_open, held until the transaction ends (see the body). Last, one open transaction per
--- topic notifies: the one that gets the topic's advisory lock ordo_outbox with a try; the others
--- skip it. PostgreSQL serializes the commits of all transactions that sent a NOTIFY (one lock, held
--- through the commit's WAL flush), so notifying on every append would serialize the appends. A
--- consumer woken by that commit reads everything committed by then, and its polling covers the
--- rest: wake-ups only save latency, they never decide what is read.
+-- In this order: the transaction's id is taken, then the topic's shared advisory lock
+-- ordo_outbox_open, held until the transaction ends (see the body); the messages are inserted;
+-- last, one open transaction per topic notifies: the one that gets the topic's advisory lock
+-- ordo_outbox with a try; the others skip it. PostgreSQL serializes the commits of all transactions
+-- that sent a NOTIFY (one lock, held through the commit's WAL flush), so notifying on every append
+-- would serialize the appends. A consumer woken by that commit reads everything committed by then,
+-- and its polling covers the rest: wake-ups only save latency, they never decide what is read.
 --
 -- The locks and the NOTIFY are assignments, not PERFORM: PERFORM runs its expression as a query
 -- through SPI and the executor, an assignment is evaluated as a simple expression. The

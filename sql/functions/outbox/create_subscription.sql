@@ -2,9 +2,9 @@
 -- (start_base). `start_from`: 'beginning' (the whole topic) or 'now' (what commits from now on,
 -- including messages of transactions still open). A subscription that exists with the same topic
 -- and partitions is returned as it is.
--- OX003 invalid_argument: another `start_from`, or partitions outside 1 to 256. OX011
--- subscription_conflict: the name reads another topic, or has another number of partitions (per-key
--- order would not survive a change).
+-- OX003 invalid_argument: another `start_from`, or partitions outside 1 to 256.
+-- OX011 subscription_conflict: the name reads another topic, or has another number of partitions
+-- (per-key order would not survive a change).
 CREATE OR REPLACE FUNCTION {{schema}}.create_subscription(sub_name text, sub_topic text, start_from text, parts integer DEFAULT 1)
 RETURNS SETOF {{schema}}.subscriptions
 LANGUAGE plpgsql VOLATILE AS $$

@@ -6,8 +6,8 @@
 -- Recording takes a SHARE lock on messages, so that no append is in flight and every message below
 -- the new first position is committed. While it waits for that lock, new appends queue behind it:
 -- so only one session waits (the advisory lock ordo_cluster, tried, not waited for), and briefly
--- (lock_timeout 100 ms, for the LOCK only). The others, and a wait that times out, get 55P03
--- lock_not_available at once and retry shortly.
+-- (lock_timeout 100 ms, for the LOCK only). The others, and a wait that times out, get
+-- 55P03 lock_not_available at once and retry shortly.
 CREATE OR REPLACE FUNCTION {{schema}}.current_cluster(OUT cluster bigint, OUT first_position bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column

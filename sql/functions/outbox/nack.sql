@@ -4,7 +4,7 @@
 -- retry_ms[n] for its n-th failure (the last entry for later ones) ('retry'); then it is parked in
 -- dead_letters and passed ('parked'), or, with `park` false, left where it is and still retried
 -- ('exhausted'). Null when the caller no longer holds the partition at that version; the row is
--- locked before it is read, as in ack().
+-- locked as it is read, as in ack().
 --
 -- `strict`: refused once the lease has lapsed, even if nobody took it (receipts over HTTP).
 -- `release`: the lease is given up.

@@ -2,15 +2,15 @@
 -- waiting for a retry, and has something to deliver, and receives from it; no rows when none has. A
 -- partition leased and found empty after all is released at once.
 --
--- Partitions are looked at without a lock, least recently checkpointed first, and only one with
--- messages behind is locked, with SKIP LOCKED: a caller never waits for another, so two callers
--- cannot deadlock, and a poll that finds nothing writes nothing. A round's target is read here,
--- before the transaction has an id, so that the id the lease's write takes is its bound (see
+-- Partitions are looked at without a lock, least recently checkpointed first, and one is locked
+-- only when it has messages behind, with SKIP LOCKED: a caller never waits for another, so two
+-- callers cannot deadlock, and a poll that finds nothing writes nothing. A round's target is read
+-- here, before the transaction has an id, so that the id the lease's write takes is its bound (see
 -- receive); receive() would find the id already taken. A batch whose lease lapsed counts as a
 -- failure (fail_lapsed).
 --
--- OX003 invalid_argument: max_count outside 1 to 10000, or max_attempts below 1. OX010
--- subscription_not_found.
+-- OX003 invalid_argument: max_count outside 1 to 10000, or max_attempts below 1.
+-- OX010 subscription_not_found.
 CREATE OR REPLACE FUNCTION {{schema}}.receive_any(sub_name text, sub_owner text, max_count integer, lease_ms bigint,
                                                   max_attempts integer DEFAULT 10)
 RETURNS TABLE ("partition" integer, "position" bigint, transaction_id xid8, topic text, type text,

@@ -2,9 +2,9 @@
 -- over, and everything from it on is delivered, committed or still to commit (null: from what is
 -- appended next). The current cluster is recorded first (current_cluster).
 --
--- A base is a position, a snapshot and a bound: the messages it delivered are those at or below the
--- position whose transaction the snapshot sees committed. The bound is a transaction id taken after
--- the position was read; every message gets its position after its transaction has an id
+-- A base is a position, a snapshot and a bound: the messages it has delivered are those at or below
+-- the position whose transaction the snapshot sees committed. The bound is a transaction id taken
+-- after the position was read; every message gets its position after its transaction has an id
 -- (append_answer), so every message at or below the position has an id below the bound: the
 -- transactions the base saw running are those of its xip and the short range from its xmax to its
 -- bound. A transaction that had an id already cannot take a later one: its bound is null (every id

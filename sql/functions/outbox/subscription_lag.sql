@@ -1,8 +1,8 @@
 -- How far each partition of a subscription is behind (messages_behind counts at most 10,000 per
 -- partition: a partition further behind shows 10,000), and what holds its topic back: the oldest
 -- open transaction that appended to the topic (its messages wait for it; nothing else does), named
--- by pid or prepared gid. No rows when the subscription was removed meanwhile. OX010
--- subscription_not_found.
+-- by pid or prepared gid. No rows when the subscription was removed meanwhile.
+-- OX010 subscription_not_found.
 CREATE OR REPLACE FUNCTION {{schema}}.subscription_lag(sub_name text)
 RETURNS TABLE (
   name text, topic text, partitions integer, "partition" integer, owner text,

@@ -3,8 +3,8 @@
 -- touched, found by the index on id alone (see complete_permits); an item of another incarnation of
 -- its throttle (removed, maybe defined again) is not renewed. The fold marks run-out leases expired
 -- under their row locks, so an extend racing with it either commits first or finds the permit
--- expired. When nothing was renewed, raises why (permit_gone): OX008 permit_expired or OX007
--- permit_not_found.
+-- expired. When nothing was renewed, raises why (permit_gone): OX008 permit_expired or
+-- OX007 permit_not_found.
 CREATE OR REPLACE FUNCTION {{schema}}.extend_permit(permit_id uuid) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE

@@ -1,0 +1,75 @@
+// What the tests run for real from Debian's packages, beside Node and PostgreSQL: installed by
+// the test set-up when missing, so that `npm test` alone works on a fresh machine.
+import { execFileSync } from 'node:child_process';
+import { accessSync, constants } from 'node:fs';
+
+/** A program a test runs, where it looks for it, and the Debian package that provides it. */
+interface SystemProgram {
+  path: string;
+  debianPackage: string;
+  usedBy: string;
+}
+
+/** Paths may be moved with the variables the tests read them from. */
+export const SYSTEM_PROGRAMS: SystemProgram[] = [
+  {
+    path: process.env.PGBOUNCER ?? '/usr/sbin/pgbouncer',
+    debianPackage: 'pgbouncer',
+    usedBy: 'test/pgbouncer.int.test.ts',
+  },
+  {
+    path: process.env.ORDO_TEST_CHROMIUM ?? '/usr/bin/chromium',
+    debianPackage: 'chromium',
+    usedBy: 'test/dashboard.int.test.ts',
+  },
+  {
+    path: `${process.env.PG_BINDIR ?? '/usr/lib/postgresql/15/bin'}/initdb`,
+    debianPackage: 'postgresql-15',
+    usedBy: 'servers of a test file its own (test/support/restartable-postgres.ts)',
+  },
+];
+
+function installed(p: SystemProgram): boolean {
+  try {
+    accessSync(p.path, constants.X_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Installs the missing programs with apt-get, quietly and once, when running as root; otherwise
+ * throws one line naming the command to run.
+ */
+export function ensureSystemPrograms(log: (line: string) => void = () => undefined): void {
+  const missing = SYSTEM_PROGRAMS.filter((p) => !installed(p));
+  if (missing.length === 0) return;
+  const packages = [...new Set(missing.map((p) => p.debianPackage))];
+  const command = `apt-get update && apt-get install -y ${packages.join(' ')}`;
+  if (process.getuid?.() !== 0) {
+    throw new Error(`The tests need ${packages.join(', ')} from Debian's packages; run as root: ${command}`);
+  }
+  log(
+    `ordo tests: installing ${packages.join(', ')} from Debian's packages (${missing.map((p) => p.usedBy).join('; ')})`,
+  );
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  // Another test run may be installing at the same moment: wait for dpkg's lock, not fail.
+  const wait = ['-o', 'DPkg::Lock::Timeout=300'];
+  try {
+    execFileSync('apt-get', [...wait, 'update', '-qq'], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+    execFileSync('apt-get', [...wait, 'install', '-y', '-qq', ...packages], {
+      env,
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+  } catch (e) {
+    const stderr = (e as { stderr?: Buffer }).stderr?.toString().trim();
+    throw new Error(`Installing ${packages.join(', ')} failed (${stderr || String(e)}); run: ${command}`);
+  }
+  const still = missing.filter((p) => !installed(p));
+  if (still.length > 0) {
+    throw new Error(
+      `${still.map((p) => p.path).join(', ')} still missing after apt-get install ${packages.join(' ')}`,
+    );
+  }
+}
