@@ -14,8 +14,8 @@ import { PAYLOAD, PLAIN_APPEND, PLAIN_DDL } from './outbox.js';
 
 /**
  * Instructions per operation, counted by callgrind: a measure of a change to ordo's SQL that
- * does not move with other work on the machine (a wall-clock A/B on 2 shared cores cannot see
- * 10%; this count repeats to within 0.1%). An embedded PostgreSQL is made, migrated and warmed,
+ * does not move with other work on the machine, as a wall-clock A/B on shared cores does: the
+ * count repeats from run to run. An embedded PostgreSQL is made, migrated and warmed,
  * then stopped and run single-user under valgrind twice per scenario, with 50 and with 150
  * iterations of one statement (each its own transaction); the difference over 100 iterations
  * is the cost of one. Needs valgrind (Debian: apt-get install valgrind).

@@ -35,13 +35,13 @@ await withScratchDatabase('ordo_take_cpu', url, async (target) => {
     upsert: (i) => client.query(UPSERT, [scope(i)]),
     /** The same as a named prepared statement: parsed and planned once. */
     'upsert, prepared': (i) => client.query({ name: 'bench_upsert', text: UPSERT, values: [scope(i)] }),
-    /** The statement next({ tx }) sent before 0018. */
+    /** take() for one value: a set-returning function and a join to plan, beside take_value(). */
     'take() sql': (i) =>
       client.query(
         `SELECT value, text, period FROM ordo.take($1, $2, coalesce($3::timestamptz, now()), $4) CROSS JOIN (SELECT set_config('synchronous_commit', 'on', true)) AS durable`,
         [NAME, scope(i), null, 1],
       ),
-    /** The statement it sends since 0018, alone. */
+    /** take_value(), the statement next({ tx }) sends, alone. */
     'take_value() sql': (i) => client.query(sequencePlans('ordo').takeValue, [NAME, scope(i), null]),
     /** gapless (a). */
     'next({ tx })': (i) => ordo.sequences.next(NAME, { scope: scope(i), tx: client }),

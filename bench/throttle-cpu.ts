@@ -6,8 +6,8 @@ import { backendCpu, type CpuVariant, measureCpu, withScratchDatabase } from './
 /**
  * CPU per throttle decision, the server's and Node's apart, against rate-limiter-flexible's
  * consume(): what `npm run bench -- throttles` compares on 1,000 keys, measured so that other
- * work on the machine does not decide the result (its wall-clock throughput on 2 shared cores
- * moves by a third between runs). Each variant runs on one connection, the variants alternating
+ * work on the machine does not decide the result (its wall-clock throughput moves with that
+ * work). Each variant runs on one connection, the variants alternating
  * in rounds; the server's CPU is read from that backend's /proc/<pid>/schedstat (the server must
  * run on this machine, readable by this user), Node's from process.cpuUsage().
  *
@@ -15,7 +15,7 @@ import { backendCpu, type CpuVariant, measureCpu, withScratchDatabase } from './
  * - ordo × 1: acquire(key), then complete(): two statements per op.
  * - ordo × 16: sixteen callers at once, each acquire(key) then complete(); the batcher shares
  *   the sixteen acquires, then the sixteen completes, among statements, as in the throughput
- *   bench (where 32 callers on two statement slots make batches of about 16).
+ *   bench (where 32 callers share two statement slots).
  * - permits: false × 16: the same on a throttle without permits (complete() sends nothing).
  *
  * Keys are drawn from 1,000, as in the throughput bench. VARIANTS=… (comma-separated labels)

@@ -9,7 +9,7 @@ import { withScratchDatabase } from './cpu.js';
  * share of a core. `npm run bench -- throttles` alternates ordo with RateLimiterPostgres on the
  * same server, which moves each side's numbers with the other's (its tables, its vacuums); this
  * is the A/B of a change to ordo's own statements on a quiet server. Two runs each way at least:
- * on 2 shared cores a run moves by a tenth.
+ * on shared cores one run moves with other work on the machine.
  *
  *   DATABASE_URL=… npx tsx bench/throttle-load.ts [keys] [seconds]   (default: 1 key, 8 s)
  *   PERMITS=false …   a throttle without permits: acquire only (complete() sends nothing)

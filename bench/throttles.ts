@@ -433,7 +433,7 @@ async function idleTable(ctx: BenchContext, ordo: Ordo, limiter: RateLimiterPost
       'the idle session holds a transaction id (BEGIN; SELECT pg_current_xact_id()): no row version written after it began can',
       "  be vacuumed away while it is open, so both slow down as the dead versions of the key pile up: the key's state row",
       "  (ordo) or counter row (RateLimiterPostgres), and ordo's ended permits, which a decision looks through for those ended",
-      "  since the last one. The live units of a key are a counter in its state row (0033), not a count of the lease's permits.",
+      "  since the last one. The live units of a key are a counter in its state row, not a count of the lease's permits.",
     ],
   };
 }

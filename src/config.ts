@@ -41,8 +41,7 @@ export interface OrdoOptions {
   /**
    * Send ordo's statements on node-postgres connections (ordo's pool, and a pg client given as
    * `tx`) as named prepared statements, parsed and planned once per connection instead of for
-   * every call (default false). A number in your transaction then costs the database about as
-   * much as a hand-written upsert. Leave it off behind a pooler in transaction mode (PgBouncer
+   * every call (default false). Leave it off behind a pooler in transaction mode (PgBouncer
    * before 1.21 or without `max_prepared_statements`, Supabase's port 6543, Neon's `-pooler`
    * host): there the next transaction may run on a server connection that never saw the
    * statement, which fails with `prepared_statement_missing`.

@@ -149,7 +149,7 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
   }
   if (sqlstate === '40001' && table === 'counters') {
     // A REPEATABLE READ or SERIALIZABLE commit numbering rows of a counter another transaction
-    // numbered since its snapshot (0013's number_at_commit, 0041's number_row): retry the transaction.
+    // numbered since its snapshot (number_row(), numbering at commit): retry the transaction.
     return wrap('serialization_failure', message, error, statement);
   }
   if (/timeout exceeded when trying to connect/i.test(message)) {

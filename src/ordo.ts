@@ -184,7 +184,7 @@ export class Ordo {
   async nextval(name: string, options?: NextOptions): Promise<number> {
     // Batched values already in memory: no validation, lookup or I/O beyond a map read.
     if (options === undefined && this.closing === undefined) {
-      const value = this.sequences.takeNow(name);
+      const value = this.sequences.handOutNow(name);
       if (value !== undefined) return value;
     }
     return (await this.sequences.next(name, options)).value;

@@ -174,11 +174,11 @@ describe('backoffDelay', () => {
 });
 
 describe('Allocator', () => {
-  it('keeps one reservation in flight even with 1000 concurrent take() calls', async () => {
+  it('keeps one reservation in flight even with 1000 concurrent handOut() calls', async () => {
     const s = storage({ batch: 7, latency: () => sleep(1) });
     const a = new Allocator('ids', s.reserve, null, open);
     const resolved: number[] = [];
-    await Promise.all(Array.from({ length: 1000 }, () => a.take().then((v) => resolved.push(v))));
+    await Promise.all(Array.from({ length: 1000 }, () => a.handOut().then((v) => resolved.push(v))));
     expect(s.maxInFlight).toBe(1);
     expect(resolved).toHaveLength(1000);
     expect(new Set(resolved).size).toBe(1000);
@@ -205,7 +205,7 @@ describe('Allocator', () => {
             // `size` callers at once, as ordo.nextval() does: memory first, then wait.
             await Promise.all(
               Array.from({ length: size }, async () => {
-                resolved.push(a.takeNow() ?? (await a.take()));
+                resolved.push(a.handOutNow() ?? (await a.handOut()));
               }),
             );
           }
@@ -224,17 +224,17 @@ describe('Allocator', () => {
   it('requests the next range as soon as the current one is in use, before it runs out', async () => {
     const s = storage({ batch: 10 });
     const a = new Allocator('ids', s.reserve, null, open);
-    expect(await a.take()).toBe(0);
+    expect(await a.handOut()).toBe(0);
     // Nine values still in memory, and the next range already asked for.
     expect(s.calls).toBe(2);
     await flush();
     // The rest of the first range and the whole second one come from memory, synchronously.
-    const fromMemory = Array.from({ length: 19 }, () => a.takeNow());
+    const fromMemory = Array.from({ length: 19 }, () => a.handOutNow());
     expect(fromMemory).toEqual(Array.from({ length: 19 }, (_, i) => i + 1));
     // Starting on the second range asked for the third at once.
     expect(s.calls).toBe(3);
     await flush();
-    expect(a.takeNow()).toBe(20);
+    expect(a.handOutNow()).toBe(20);
     expect(s.calls).toBe(4);
   });
 
@@ -244,10 +244,10 @@ describe('Allocator', () => {
     let waited = 0;
     const values: number[] = [];
     for (let i = 0; i < 1000; i++) {
-      let v = a.takeNow();
+      let v = a.handOutNow();
       if (v === undefined) {
         waited++;
-        v = await a.take();
+        v = await a.handOut();
       }
       values.push(v);
       // Slower than the storage: a round trip per 100 values is well within 10 × 1 ms … pauses.
@@ -260,7 +260,7 @@ describe('Allocator', () => {
   it('drop() during a reservation discards that reservation’s range: a gap, never a reuse', async () => {
     const m = manual();
     const a = new Allocator('ids', m.reserve, null, open);
-    const first = a.take();
+    const first = a.handOut();
     expect(m.pending).toHaveLength(1);
     a.drop();
     m.pending[0]!.answer.resolve(range(0, 9));
@@ -269,15 +269,15 @@ describe('Allocator', () => {
     expect(m.pending).toHaveLength(2);
     m.pending[1]!.answer.resolve(range(10, 19));
     expect(await first).toBe(10);
-    const later = [a.takeNow(), a.takeNow(), a.takeNow()];
+    const later = [a.handOutNow(), a.handOutNow(), a.handOutNow()];
     expect(later).toEqual([11, 12, 13]);
-    for (let i = 0; i < 6; i++) expect(a.takeNow()).toBeGreaterThanOrEqual(14);
+    for (let i = 0; i < 6; i++) expect(a.handOutNow()).toBeGreaterThanOrEqual(14);
   });
 
   it('retire(e): a reservation in flight that comes back from definition e is kept; one from before e is a gap', async () => {
     const m = manual();
     const a = new Allocator('ids', m.reserve, null, open);
-    const first = a.take();
+    const first = a.handOut();
     m.pending[0]!.answer.resolve(range(0, 0, 1));
     expect(await first).toBe(0); // the prefetch is in flight
     // Redefined (epoch 2) while the prefetch waited behind the redefinition's lock: it took
@@ -285,11 +285,11 @@ describe('Allocator', () => {
     a.retire(2, null);
     expect(a.heldEpoch).toBeUndefined();
     m.pending[1]!.answer.resolve(range(500, 500, 2));
-    expect(await a.take()).toBe(500);
+    expect(await a.handOut()).toBe(500);
     // Epoch 3; the prefetch in flight comes back from epoch 2: a gap.
     a.retire(3, 250);
     m.pending[2]!.answer.resolve(range(501, 501, 2));
-    const next = a.take();
+    const next = a.handOut();
     await flush();
     expect(m.pending).toHaveLength(4);
     expect(m.pending[3]!.waitMs).toBe(250); // the new definition's timeout
@@ -300,31 +300,31 @@ describe('Allocator', () => {
   it('retire(e) with the epoch already held keeps the ranges (the echo of this node’s own redefinition)', async () => {
     const s = storage({ batch: 10, epoch: () => 4 });
     const a = new Allocator('ids', s.reserve, null, open);
-    expect(await a.take()).toBe(0);
+    expect(await a.handOut()).toBe(0);
     a.retire(4, null);
     a.retire(3, null);
-    expect([a.takeNow(), a.takeNow()]).toEqual([1, 2]);
+    expect([a.handOutNow(), a.handOutNow()]).toEqual([1, 2]);
     a.retire(5, null);
-    expect(a.takeNow()).toBeUndefined();
+    expect(a.handOutNow()).toBeUndefined();
   });
 
   it('drop() discards the range in use and the spare: the next value comes from a new reservation', async () => {
     const s = storage({ batch: 10 });
     const a = new Allocator('ids', s.reserve, null, open);
-    expect(await a.take()).toBe(0);
+    expect(await a.handOut()).toBe(0);
     await flush(); // spare [10..19] held
     expect(s.calls).toBe(2);
     a.drop();
-    expect(a.takeNow()).toBeUndefined();
+    expect(a.handOutNow()).toBeUndefined();
     expect(a.heldEpoch).toBeUndefined();
-    expect(await a.take()).toBe(20);
+    expect(await a.handOut()).toBe(20);
     expect(s.calls).toBe(4);
   });
 
   it('a reservation with another epoch discards the ranges held (redefined, notification not seen)', async () => {
     const m = manual();
     const a = new Allocator('ids', m.reserve, null, open);
-    const first = a.take();
+    const first = a.handOut();
     m.pending[0]!.answer.resolve(range(0, 9, 1));
     expect(await first).toBe(0);
     expect(a.heldEpoch).toBe(1);
@@ -334,24 +334,24 @@ describe('Allocator', () => {
     await flush();
     expect(a.heldEpoch).toBe(2);
     // 1..9 of the old epoch are never served.
-    expect(a.takeNow()).toBe(5000);
-    expect(a.takeNow()).toBe(5001);
+    expect(a.handOutNow()).toBe(5000);
+    expect(a.handOutNow()).toBe(5001);
   });
 
   it('after a newer epoch arrives, nothing of the older epoch is served, even the range in use', async () => {
     const m = manual();
     const a = new Allocator('ids', m.reserve, null, open);
-    const first = a.take();
+    const first = a.handOut();
     m.pending[0]!.answer.resolve(range(0, 2, 1));
     expect(await first).toBe(0);
     m.pending[1]!.answer.resolve(range(3, 5, 1));
     await flush();
-    expect([a.takeNow(), a.takeNow(), a.takeNow()]).toEqual([1, 2, 3]);
+    expect([a.handOutNow(), a.handOutNow(), a.handOutNow()]).toEqual([1, 2, 3]);
     // Installing [3..5] asked for the next range, which comes back redefined.
     expect(m.pending).toHaveLength(3);
     m.pending[2]!.answer.resolve(range(900, 902, 2));
     await flush();
-    expect(a.takeNow()).toBe(900);
+    expect(a.handOutNow()).toBe(900);
     expect(a.heldEpoch).toBe(2);
   });
 
@@ -368,7 +368,7 @@ describe('Allocator', () => {
       };
       const a = new Allocator('ids', reserve, 150, open);
       const began = performance.now();
-      const error = await within(a.take(), 2000).then(
+      const error = await within(a.handOut(), 2000).then(
         () => undefined,
         (e: unknown) => e,
       );
@@ -396,7 +396,7 @@ describe('Allocator', () => {
       return range(100, 109);
     };
     const a = new Allocator('ids', reserve, 5000, open);
-    expect(await within(a.take(), 2000)).toBe(100);
+    expect(await within(a.handOut(), 2000)).toBe(100);
     expect(calls).toBeGreaterThanOrEqual(4);
   });
 
@@ -408,7 +408,7 @@ describe('Allocator', () => {
       return range(0, 9);
     };
     const a = new Allocator('ids', reserve, null, open);
-    expect(await a.take()).toBe(0);
+    expect(await a.handOut()).toBe(0);
     expect(waits.slice(0, 5)).toEqual([null, null, null, null, null]);
   });
 
@@ -427,7 +427,7 @@ describe('Allocator', () => {
       };
       const a = new Allocator('ids', reserve, null, open);
       const began = performance.now();
-      const settled = await within(Promise.allSettled(Array.from({ length: 1000 }, () => a.take())), 2000);
+      const settled = await within(Promise.allSettled(Array.from({ length: 1000 }, () => a.handOut())), 2000);
       expect(performance.now() - began).toBeLessThan(200);
       expect(calls).toBe(1);
       for (const r of settled) {
@@ -437,7 +437,7 @@ describe('Allocator', () => {
     });
   }
 
-  it('recovers after a failed reservation: the next take() reserves again', async () => {
+  it('recovers after a failed reservation: the next handOut() reserves again', async () => {
     let calls = 0;
     const reserve: Reserve = async () => {
       calls++;
@@ -445,8 +445,8 @@ describe('Allocator', () => {
       return range(0, 4);
     };
     const a = new Allocator('ids', reserve, null, open);
-    await expect(a.take()).rejects.toMatchObject({ code: 'sequence_not_found' });
-    expect(await a.take()).toBe(0);
+    await expect(a.handOut()).rejects.toMatchObject({ code: 'sequence_not_found' });
+    expect(await a.handOut()).toBe(0);
   });
 
   it('a failed prefetch is not an unhandled rejection, and the caller who needs it reserves again', async () => {
@@ -458,12 +458,12 @@ describe('Allocator', () => {
       return range((calls - 1) * 5, (calls - 1) * 5 + 4);
     };
     const a = new Allocator('ids', reserve, null, open);
-    expect(await a.take()).toBe(0);
+    expect(await a.handOut()).toBe(0);
     await flush(); // the prefetch (call 2) failed
     expect(calls).toBe(2);
-    for (let i = 1; i < 5; i++) expect(a.takeNow()).toBe(i);
+    for (let i = 1; i < 5; i++) expect(a.handOutNow()).toBe(i);
     // Taking from memory tried the prefetch again; either way the next range comes.
-    expect(await a.take()).toBe(10);
+    expect(await a.handOut()).toBe(10);
     expect(calls).toBe(4);
   });
 
@@ -474,20 +474,20 @@ describe('Allocator', () => {
       return range(0, 9);
     };
     const a = new Allocator('ids', reserve, 0, open);
-    await expect(a.take()).rejects.toMatchObject({ code: 'timeout', message: `${TIMEOUT_MESSAGE}: 0ns` });
-    await expect(a.take()).rejects.toMatchObject({ code: 'timeout' });
+    await expect(a.handOut()).rejects.toMatchObject({ code: 'timeout', message: `${TIMEOUT_MESSAGE}: 0ns` });
+    await expect(a.handOut()).rejects.toMatchObject({ code: 'timeout' });
     expect(calls).toBe(0);
   });
 
   it('a TIMEOUT changed by a reservation (ALTER SEQUENCE … TIMEOUT) applies to the next reservation', async () => {
     const s = storage({ batch: 5, timeoutMs: 0 });
     const a = new Allocator('ids', s.reserve, null, open);
-    expect(await a.take()).toBe(0);
+    expect(await a.handOut()).toBe(0);
     await flush();
     // The prefetch saw TIMEOUT 0: it fails at once without a round trip.
     expect(s.calls).toBe(1);
-    for (let i = 1; i < 5; i++) expect(a.takeNow()).toBe(i);
-    await expect(a.take()).rejects.toMatchObject({ code: 'timeout', message: `${TIMEOUT_MESSAGE}: 0ns` });
+    for (let i = 1; i < 5; i++) expect(a.handOutNow()).toBe(i);
+    await expect(a.handOut()).rejects.toMatchObject({ code: 'timeout', message: `${TIMEOUT_MESSAGE}: 0ns` });
     expect(s.calls).toBe(1);
   });
 
@@ -501,7 +501,7 @@ describe('Allocator', () => {
     };
     const a = new Allocator('ids', reserve, null, () => closed);
     const began = performance.now();
-    await expect(within(a.take(), 2000)).rejects.toMatchObject({ code: 'closed' });
+    await expect(within(a.handOut(), 2000)).rejects.toMatchObject({ code: 'closed' });
     expect(calls).toBe(3);
     // Three back-offs of at most 10, 20 and 40 ms.
     expect(performance.now() - began).toBeLessThan(500);
@@ -514,7 +514,7 @@ describe('Allocator', () => {
       return range(0, 9);
     };
     const a = new Allocator('ids', reserve, null, () => true);
-    await expect(a.take()).rejects.toMatchObject({ code: 'closed' });
+    await expect(a.handOut()).rejects.toMatchObject({ code: 'closed' });
     expect(calls).toBe(0);
   });
 
@@ -538,7 +538,7 @@ describe('Allocator', () => {
               dropsAt = [...dropsAt, s.handed.length];
               continue;
             }
-            for (let i = 0; i < step; i++) pending.push(a.take().then((v) => void seen.push(v)));
+            for (let i = 0; i < step; i++) pending.push(a.handOut().then((v) => void seen.push(v)));
             if (step % 3 === 0) await Promise.all(pending.splice(0));
           }
           await Promise.all(pending);

@@ -5,13 +5,13 @@ import {
   Coalescer,
   type Issued,
   type Request,
-  type TakeBatch,
-  type TakeOne,
+  type Take,
+  type TakeMany,
 } from '../src/sequences/coalescer.js';
 
 type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown };
 
-/** One statement the coalescer sent: takeOne (one request) or takeBatch (several). */
+/** One statement the coalescer sent: take (one request) or takeMany (several). */
 interface Statement {
   kind: 'one' | 'batch';
   requests: Request[];
@@ -31,13 +31,13 @@ interface FakeOptions {
   limits?: Record<string, number>;
   /** Sequence names that do not exist: sequence_not_found. */
   unknown?: string[];
-  /** When set, every takeBatch throws this (after its gate, if gated). */
+  /** When set, every takeMany throws this (after its gate, if gated). */
   batchError?: unknown;
 }
 
 /**
  * An in-memory gapless counter per (name, scope, at), with the contract of the SQL behind
- * takeOne and takeBatch: a statement takes exactly `count` consecutive values per request, all
+ * take and takeMany: a statement takes exactly `count` consecutive values per request, all
  * or nothing (one failing request fails the whole statement), and values are decided when the
  * statement runs, that is when its gate opens.
  */
@@ -51,8 +51,8 @@ class FakeDb {
 
   constructor(private readonly options: FakeOptions = {}) {}
 
-  readonly takeOne: TakeOne = async (request) => (await this.run('one', [request]))[0]!;
-  readonly takeBatch = (requests: Request[]) => this.run('batch', requests);
+  readonly take: Take = async (request) => (await this.run('one', [request]))[0]!;
+  readonly takeMany = (requests: Request[]) => this.run('batch', requests);
 
   private async run(kind: Statement['kind'], requests: Request[]): Promise<Issued[][]> {
     const statement: Statement = { kind, requests: requests.map((r) => ({ ...r })) };
@@ -180,24 +180,24 @@ function brief(outcomes: (Outcome<Issued | Issued[]> | undefined)[]): unknown[] 
 
 const values = (issued: Issued[]) => issued.map((i) => i.value);
 
-/** A caller that wants one value (take's default count), answered with exactly one. */
+/** A caller that wants one value (submit's default count), answered with exactly one. */
 function one(c: Coalescer, name: string, scope = '', at: string | null = null): Promise<Issued> {
-  return c.take(name, scope, at).then((issued) => {
+  return c.submit(name, scope, at).then((issued) => {
     if (issued.length !== 1) throw new Error(`one value wanted, ${issued.length} given`);
     return issued[0]!;
   });
 }
 
 /** n callers of one value each, in this order. */
-const take = (c: Coalescer, name: string, n = 1, scope = '', at: string | null = null) =>
+const callers = (c: Coalescer, name: string, n = 1, scope = '', at: string | null = null) =>
   Array.from({ length: n }, () => one(c, name, scope, at));
 
 describe('Coalescer', () => {
   describe('dispatch', () => {
-    it('sends a lone call alone, through takeOne', async () => {
+    it('sends a lone call alone, through take', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const issued = await c.take('inv', 'acme', null);
+      const c = new Coalescer(db.take, db.takeMany);
+      const issued = await c.submit('inv', 'acme', null);
       expect(issued).toEqual([{ value: 1, text: 'inv-1', period: null, scope: 'acme' }]);
       expect(db.statements).toEqual([
         {
@@ -208,9 +208,9 @@ describe('Coalescer', () => {
       ]);
     });
 
-    it('dispatches in a microtask: nothing inside take(), everything from the same tick after it', async () => {
+    it('dispatches in a microtask: nothing inside submit(), everything from the same tick after it', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const calls = [one(c, 'inv', '', null)];
       expect(db.statements).toHaveLength(0);
       calls.push(one(c, 'inv', '', null));
@@ -220,10 +220,10 @@ describe('Coalescer', () => {
       expect(values(await Promise.all(calls))).toEqual([1, 2]);
     });
 
-    it('sends the calls of one key made in the same tick as one takeOne of count n, in arrival order', async () => {
+    it('sends the calls of one key made in the same tick as one take of count n, in arrival order', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = take(c, 'inv', 6, 'acme', '2026-03-01T10:00:00.000Z');
+      const c = new Coalescer(db.take, db.takeMany);
+      const calls = callers(c, 'inv', 6, 'acme', '2026-03-01T10:00:00.000Z');
       const { order } = track(calls);
       const issued = await Promise.all(calls);
       expect(db.statements.map((s) => [s.kind, s.requests])).toEqual([
@@ -234,9 +234,9 @@ describe('Coalescer', () => {
       expect(order).toEqual([0, 1, 2, 3, 4, 5]);
     });
 
-    it('sends the calls of several keys made in the same tick as one takeBatch: result i answers request i', async () => {
+    it('sends the calls of several keys made in the same tick as one takeMany: result i answers request i', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const at = '2026-01-01T00:00:00.000Z';
       const calls = [
         one(c, 'a', '', null),
@@ -267,7 +267,7 @@ describe('Coalescer', () => {
 
     it('sends a call made after a dispatch in a statement of its own', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const first = one(c, 'inv', '', null);
       await Promise.resolve();
       const second = one(c, 'inv', '', null);
@@ -281,7 +281,7 @@ describe('Coalescer', () => {
   describe('maxInFlight', () => {
     it('1: while a statement is held open, later callers queue, then go out together', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.take, db.takeMany, 1);
       const first = one(c, 'a', '', null);
       await settle();
       expect(db.log()).toEqual(['one a×1']);
@@ -307,7 +307,7 @@ describe('Coalescer', () => {
 
     it('2: two statements may be open at once, not three', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 2);
+      const c = new Coalescer(db.take, db.takeMany, 2);
       const first = one(c, 'a', '', null);
       await settle();
       const second = one(c, 'a', '', null);
@@ -332,7 +332,7 @@ describe('Coalescer', () => {
 
     it('is 2 by default', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const calls: Promise<Issued>[] = [];
       for (let tick = 0; tick < 4; tick++) {
         calls.push(one(c, 'a', '', null));
@@ -373,9 +373,9 @@ describe('Coalescer', () => {
         ),
         { minLength: CALLERS, maxLength: CALLERS },
       ),
-      /** take: the next n callers arrive in this tick; release: a statement runs; then a tick or a turn. */
+      /** arrive: the next n callers arrive in this tick; release: a statement runs; then a tick or a turn. */
       steps: fc.array(
-        fc.record({ kind: fc.constantFrom('take', 'release', 'microtask', 'settle'), n: fc.nat(40) }),
+        fc.record({ kind: fc.constantFrom('arrive', 'release', 'microtask', 'settle'), n: fc.nat(40) }),
         { maxLength: 150 },
       ),
       /** Which open statement runs next, when not the oldest. */
@@ -388,7 +388,7 @@ describe('Coalescer', () => {
     /** Plays a scenario; statements run oldest first, or in an order the scenario picks. */
     async function play(s: Scenario, oldestFirst: boolean) {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, s.maxInFlight, s.maxBatch);
+      const c = new Coalescer(db.take, db.takeMany, s.maxInFlight, s.maxBatch);
       const answers: (Issued[] | undefined)[] = [];
       const errors: unknown[] = [];
       let arrived = 0;
@@ -396,7 +396,7 @@ describe('Coalescer', () => {
         for (let i = 0; i < n && arrived < CALLERS; i++, arrived++) {
           const index = arrived;
           const [name, scope, at] = KEYS[s.keys[index]!]!;
-          c.take(name, scope, at, s.counts[index]!).then(
+          c.submit(name, scope, at, s.counts[index]!).then(
             (issued) => {
               answers[index] = issued;
             },
@@ -410,7 +410,7 @@ describe('Coalescer', () => {
         db.openAt(oldestFirst ? 0 : s.picks[pick++ % s.picks.length]! % db.gates.length);
       };
       for (const step of s.steps) {
-        if (step.kind === 'take') arrive(step.n + 1);
+        if (step.kind === 'arrive') arrive(step.n + 1);
         else if (step.kind === 'release') release();
         else if (step.kind === 'microtask') await Promise.resolve();
         else await settle();
@@ -495,10 +495,10 @@ describe('Coalescer', () => {
   describe('maxBatch', () => {
     it('splits a long queue, splitting a group if it must; the remainder goes out first next time', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1, 4);
+      const c = new Coalescer(db.take, db.takeMany, 1, 4);
       const first = one(c, 'x', '', null);
       await settle();
-      const queued = [...take(c, 'c', 2), ...take(c, 'a', 5), ...take(c, 'b', 1)];
+      const queued = [...callers(c, 'c', 2), ...callers(c, 'a', 5), ...callers(c, 'b', 1)];
       await db.drain();
       expect(db.log()).toEqual(['one x×1', 'batch c×2 a×2', 'batch a×3 b×1']);
       expect((await first).value).toBe(1);
@@ -507,8 +507,8 @@ describe('Coalescer', () => {
 
     it('splits one big group into statements of at most maxBatch', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1, 3);
-      const calls = take(c, 'a', 8);
+      const c = new Coalescer(db.take, db.takeMany, 1, 3);
+      const calls = callers(c, 'a', 8);
       const { order } = track(calls);
       await db.drain();
       expect(db.log()).toEqual(['one a×3', 'one a×3', 'one a×2']);
@@ -518,8 +518,8 @@ describe('Coalescer', () => {
 
     it('with room in flight, sends the remainder at once, and the rest when a slot frees', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 2, 3);
-      const calls = take(c, 'a', 7);
+      const c = new Coalescer(db.take, db.takeMany, 2, 3);
+      const calls = callers(c, 'a', 7);
       await settle();
       expect(db.log()).toEqual(['one a×3', 'one a×3']);
       db.openAt();
@@ -534,18 +534,18 @@ describe('Coalescer', () => {
   describe('callers wanting several values', () => {
     it('gives each caller its own consecutive slice; the callers of a tick share one statement', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const first = track<Issued | Issued[]>([
-        c.take('a', '', null, 3),
+        c.submit('a', '', null, 3),
         one(c, 'a'),
-        c.take('a', '', null, 2),
-        c.take('b', '', null, 2),
+        c.submit('a', '', null, 2),
+        c.submit('b', '', null, 2),
       ]);
       await c.idle();
       expect(db.log()).toEqual(['batch a×6 b×2']);
       expect(brief(first.outcomes)).toEqual([[1, 2, 3], 4, [5, 6], [1, 2]]);
 
-      const second = track([c.take('a', '', null, 2), c.take('a', '', null)]);
+      const second = track([c.submit('a', '', null, 2), c.submit('a', '', null)]);
       await c.idle();
       expect(db.log()).toEqual(['batch a×6 b×2', 'one a×3']);
       expect(brief(second.outcomes)).toEqual([[7, 8], [9]]);
@@ -553,14 +553,14 @@ describe('Coalescer', () => {
 
     it('maxBatch counts values and never splits a caller; one wanting more than maxBatch goes out alone', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1, 4);
+      const c = new Coalescer(db.take, db.takeMany, 1, 4);
       const first = one(c, 'x');
       await settle();
       const { outcomes } = track([
-        c.take('a', '', null, 3),
-        c.take('a', '', null, 2),
-        c.take('b', '', null, 5),
-        c.take('c', '', null, 1),
+        c.submit('a', '', null, 3),
+        c.submit('a', '', null, 2),
+        c.submit('b', '', null, 5),
+        c.submit('c', '', null, 1),
       ]);
       await db.drain();
       // Arrival order is kept: c, which would fit beside a×3, waits for b rather than overtake it.
@@ -571,8 +571,8 @@ describe('Coalescer', () => {
 
     it('takes at most 10 000 values in a statement by default', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = [c.take('a', '', null, 6000), c.take('a', '', null, 5000), c.take('b', '', null)];
+      const c = new Coalescer(db.take, db.takeMany);
+      const calls = [c.submit('a', '', null, 6000), c.submit('a', '', null, 5000), c.submit('b', '', null)];
       const [a1, a2, b] = await Promise.all(calls);
       // The second caller of a does not fit; b, behind it, waits for its turn (arrival order).
       expect(db.log()).toEqual(['one a×6000', 'batch a×5000 b×1']);
@@ -583,12 +583,12 @@ describe('Coalescer', () => {
 
     it('when exhausted, serves caller by caller, each its whole count or nothing', async () => {
       const db = new FakeDb({ limits: { x: 4 } });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const { outcomes } = track([
-        c.take('x', '', null, 2),
-        c.take('x', '', null, 3),
-        c.take('x', '', null),
-        c.take('x', '', null),
+        c.submit('x', '', null, 2),
+        c.submit('x', '', null, 3),
+        c.submit('x', '', null),
+        c.submit('x', '', null),
       ]);
       await c.idle();
       expect(db.log()).toEqual(['one x×7', 'one x×2', 'one x×3', 'one x×1', 'one x×1']);
@@ -598,29 +598,29 @@ describe('Coalescer', () => {
 
     it('refuses a lone caller wanting more than is left at once, with no retry', async () => {
       const db = new FakeDb({ limits: { x: 2 } });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const error = await c.take('x', '', null, 3).catch((e: unknown) => e);
+      const c = new Coalescer(db.take, db.takeMany);
+      const error = await c.submit('x', '', null, 3).catch((e: unknown) => e);
       expect((error as OrdoError).code).toBe('sequence_exhausted');
       expect(db.log()).toEqual(['one x×3']);
-      expect(values(await c.take('x', '', null, 2))).toEqual([1, 2]);
+      expect(values(await c.submit('x', '', null, 2))).toEqual([1, 2]);
     });
 
     // A waiter of count 0 would add nothing to the queue and never be dispatched: it is refused.
     it('refuses a call of count 0 at once, sending nothing', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      await expect(c.take('a', '', null, 0)).rejects.toMatchObject({ code: 'invalid_argument' });
+      const c = new Coalescer(db.take, db.takeMany);
+      await expect(c.submit('a', '', null, 0)).rejects.toMatchObject({ code: 'invalid_argument' });
       await c.idle();
       expect(db.log()).toEqual([]);
     });
 
-    it('a takeBatch answering a request with too few values serves that request’s callers alone, and only them', async () => {
+    it('a takeMany answering a request with too few values serves that request’s callers alone, and only them', async () => {
       const db = new FakeDb();
-      const short: TakeBatch = async (requests) => {
-        const answers = await db.takeBatch(requests);
+      const short: TakeMany = async (requests) => {
+        const answers = await db.takeMany(requests);
         return answers.map((a, i) => (i === 1 ? a.slice(1) : a));
       };
-      const c = new Coalescer(db.takeOne, short);
+      const c = new Coalescer(db.take, short);
       const results = await Promise.allSettled([
         one(c, 'a', '', null),
         one(c, 'b', '', null),
@@ -635,10 +635,10 @@ describe('Coalescer', () => {
     });
   });
 
-  describe('takeBatch failure', () => {
-    it('serves each caller through takeOne on its own: an unknown key is refused, the others answered', async () => {
+  describe('takeMany failure', () => {
+    it('serves each caller through take on its own: an unknown key is refused, the others answered', async () => {
       const db = new FakeDb({ unknown: ['nope'] });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const calls = [
         one(c, 'a', '', null),
         one(c, 'nope', '', null),
@@ -652,7 +652,7 @@ describe('Coalescer', () => {
       expect(refusal?.ok).toBe(false);
       expect(results).toEqual([
         { status: 'fulfilled', value: expect.objectContaining({ text: 'a-1' }) },
-        // The error takeOne threw for that group, as it is.
+        // The error take threw for that group, as it is.
         { status: 'rejected', reason: refusal?.ok === false ? refusal.error : 'no error' },
         { status: 'fulfilled', value: expect.objectContaining({ text: 'b-1' }) },
         { status: 'fulfilled', value: expect.objectContaining({ text: 'a-2' }) },
@@ -666,8 +666,8 @@ describe('Coalescer', () => {
       ['a refusal of ordo', new OrdoError('sequence_not_found', 'The sequence was removed')],
     ])('falls back when the statement surely wrote nothing: %s', async (_, thrown) => {
       const db = new FakeDb({ batchError: thrown });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = [...take(c, 'a', 2), ...take(c, 'b', 1)];
+      const c = new Coalescer(db.take, db.takeMany);
+      const calls = [...callers(c, 'a', 2), ...callers(c, 'b', 1)];
       expect(values(await Promise.all(calls))).toEqual([1, 2, 1]);
       expect(db.log()).toEqual(['batch a×2 b×1', 'one a×1', 'one b×1', 'one a×1']);
       expect(db.statements[0]!.outcome).toEqual({ ok: false, error: thrown });
@@ -682,8 +682,8 @@ describe('Coalescer', () => {
       'gives every caller the error when the statement may have committed (%s): taking again could take twice',
       async (_, thrown) => {
         const db = new FakeDb({ batchError: thrown });
-        const c = new Coalescer(db.takeOne, db.takeBatch);
-        const calls = [...take(c, 'a', 2), ...take(c, 'b', 1)];
+        const c = new Coalescer(db.take, db.takeMany);
+        const calls = [...callers(c, 'a', 2), ...callers(c, 'b', 1)];
         expect(await Promise.allSettled(calls)).toEqual(
           calls.map(() => ({ status: 'rejected', reason: thrown })),
         );
@@ -693,7 +693,7 @@ describe('Coalescer', () => {
 
     it('runs the fallback statements of different keys in parallel, outside the slots', async () => {
       const db = new FakeDb({ gated: true, unknown: ['nope'] });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.take, db.takeMany, 1);
       const calls = [one(c, 'a', '', null), one(c, 'nope', '', null), one(c, 'b', '', null)];
       const { outcomes } = track(calls);
       await settle();
@@ -721,8 +721,8 @@ describe('Coalescer', () => {
 
     it('falls back one by one for an exhausted group within the fallback', async () => {
       const db = new FakeDb({ limits: { e: 2 } });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const { outcomes } = track([one(c, 'a', '', null), ...take(c, 'e', 3), one(c, 'a', '', null)]);
+      const c = new Coalescer(db.take, db.takeMany);
+      const { outcomes } = track([one(c, 'a', '', null), ...callers(c, 'e', 3), one(c, 'a', '', null)]);
       await c.idle();
       expect(db.log()).toEqual(['batch a×2 e×3', 'one a×1', 'one e×1', 'one a×1', 'one e×1', 'one e×1']);
       expect(brief(outcomes)).toEqual([1, 1, 2, 'sequence_exhausted', 2]);
@@ -732,8 +732,8 @@ describe('Coalescer', () => {
   describe('sequence_exhausted', () => {
     it('for a group of k > 1, serves its callers one by one: what is left goes first come, first served', async () => {
       const db = new FakeDb({ limits: { inv: 4 } });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const results = await Promise.allSettled(take(c, 'inv', 7));
+      const c = new Coalescer(db.take, db.takeMany);
+      const results = await Promise.allSettled(callers(c, 'inv', 7));
       expect(results.map((r) => r.status)).toEqual([
         'fulfilled',
         'fulfilled',
@@ -754,8 +754,8 @@ describe('Coalescer', () => {
 
     it('with nothing left, refuses every caller, after k + 1 statements', async () => {
       const db = new FakeDb({ limits: { x: 0 } });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const results = await Promise.allSettled(take(c, 'x', 3));
+      const c = new Coalescer(db.take, db.takeMany);
+      const results = await Promise.allSettled(callers(c, 'x', 3));
       for (const r of results) {
         expect(r.status === 'rejected' && (r.reason as OrdoError).code).toBe('sequence_exhausted');
       }
@@ -764,7 +764,7 @@ describe('Coalescer', () => {
 
     it('refuses a group of one at once, with no retry', async () => {
       const db = new FakeDb({ limits: { x: 0 } });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const error = await one(c, 'x', '', null).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(OrdoError);
       expect((error as OrdoError).code).toBe('sequence_exhausted');
@@ -779,8 +779,8 @@ describe('Coalescer', () => {
       'a shared statement that failed and wrote nothing (%s) serves its callers alone, in arrival order',
       async (_, error) => {
         const db = new FakeDb({ gated: true });
-        const c = new Coalescer(db.takeOne, db.takeBatch);
-        const calls = take(c, 'x', 3);
+        const c = new Coalescer(db.take, db.takeMany);
+        const calls = callers(c, 'x', 3);
         const { outcomes } = track(calls);
         await settle();
         db.failNext(error);
@@ -794,8 +794,8 @@ describe('Coalescer', () => {
 
     it('a lone caller’s failure is its answer, with no retry', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const { outcomes } = track([c.take('x', '', null, 3)]);
+      const c = new Coalescer(db.take, db.takeMany);
+      const { outcomes } = track([c.submit('x', '', null, 3)]);
       await settle();
       const error = new OrdoError('timeout', 'canceling statement due to lock timeout');
       db.failNext(error);
@@ -806,8 +806,8 @@ describe('Coalescer', () => {
 
     it('in the fallback, each caller gets its own outcome in order; a later caller does not wait for it', async () => {
       const db = new FakeDb({ gated: true, limits: { x: 2 } });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
-      const { outcomes } = track(take(c, 'x', 3));
+      const c = new Coalescer(db.take, db.takeMany, 1);
+      const { outcomes } = track(callers(c, 'x', 3));
       await settle();
       db.openAt(); // 3 asked, 2 left: exhausted
       await settle();
@@ -832,8 +832,8 @@ describe('Coalescer', () => {
 
     it('in the fallback, another error refuses only the caller it hit', async () => {
       const db = new FakeDb({ gated: true, limits: { x: 2 } });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const { outcomes } = track(take(c, 'x', 3));
+      const c = new Coalescer(db.take, db.takeMany);
+      const { outcomes } = track(callers(c, 'x', 3));
       await settle();
       db.openAt(); // exhausted
       await settle();
@@ -852,20 +852,20 @@ describe('Coalescer', () => {
       expect(db.log()).toEqual(['one x×3', 'one x×1', 'one x×1', 'one x×1']);
     });
 
-    it('treats synchronous throws like rejections: from takeBatch, takeOne and the one-by-one fallback', async () => {
+    it('treats synchronous throws like rejections: from takeMany, take and the one-by-one fallback', async () => {
       const unavailable = new OrdoError('database_unavailable', 'Cannot use a pool after calling end');
       let singles = 0;
-      const takeOne: TakeOne = (request) => {
+      const take: Take = (request) => {
         if (request.name === 'down') throw unavailable;
         if (request.count > 1) throw new OrdoError('sequence_exhausted', 'exhausted');
         if (singles++ === 0) throw unavailable;
         return Promise.resolve([{ value: singles, text: `x-${singles}`, period: null, scope: '' }]);
       };
-      const takeBatch = (): Promise<Issued[][]> => {
+      const takeMany = (): Promise<Issued[][]> => {
         throw serverError('40P01', 'deadlock detected');
       };
-      const c = new Coalescer(takeOne, takeBatch, 1);
-      const { outcomes } = track([one(c, 'down', '', null), ...take(c, 'x', 3)]);
+      const c = new Coalescer(take, takeMany, 1);
+      const { outcomes } = track([one(c, 'down', '', null), ...callers(c, 'x', 3)]);
       const idle = c.idle().then(
         () => 'resolved',
         (error: unknown) => error,
@@ -879,14 +879,14 @@ describe('Coalescer', () => {
   describe('idle()', () => {
     it('resolves at once when nothing was asked', async () => {
       const db = new FakeDb();
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       await expect(c.idle()).resolves.toBeUndefined();
       expect(db.statements).toHaveLength(0);
     });
 
     it('waits for a call made in the same tick, not yet dispatched', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const { outcomes } = track([one(c, 'a', '', null)]);
       let seen: unknown;
       const idle = c.idle().then(() => {
@@ -901,10 +901,10 @@ describe('Coalescer', () => {
 
     it('waits until every queued caller is answered, across statements and keys', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch, 1);
+      const c = new Coalescer(db.take, db.takeMany, 1);
       const calls = [one(c, 'a', '', null), one(c, 'b', '', null)];
       await settle();
-      calls.push(...take(c, 'a', 2));
+      calls.push(...callers(c, 'a', 2));
       const { outcomes } = track(calls);
       let seen: unknown;
       const idle = c.idle().then(() => {
@@ -927,10 +927,10 @@ describe('Coalescer', () => {
       expect(db.log()).toEqual(['batch a×1 b×1', 'one a×2', 'one b×1']);
     });
 
-    it('waits for a failed takeBatch and every fallback, and resolves although callers were refused', async () => {
+    it('waits for a failed takeMany and every fallback, and resolves although callers were refused', async () => {
       const db = new FakeDb({ gated: true, limits: { e: 1 }, unknown: ['nope'] });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
-      const calls = [one(c, 'a', '', null), ...take(c, 'e', 2), one(c, 'nope', '', null)];
+      const c = new Coalescer(db.take, db.takeMany);
+      const calls = [one(c, 'a', '', null), ...callers(c, 'e', 2), one(c, 'nope', '', null)];
       const { outcomes } = track(calls);
       let seen: unknown;
       const idle = c.idle().then(() => {
@@ -950,7 +950,7 @@ describe('Coalescer', () => {
 
     it('never rejects, even when every statement fails', async () => {
       const db = new FakeDb({ gated: true });
-      const c = new Coalescer(db.takeOne, db.takeBatch);
+      const c = new Coalescer(db.take, db.takeMany);
       const calls = [one(c, 'a', '', null), one(c, 'b', '', null)].map((p) => p.catch((e: unknown) => e));
       const idle = c.idle();
       const boom = serverError('40P01', 'deadlock detected');

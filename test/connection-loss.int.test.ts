@@ -1,8 +1,8 @@
 /**
  * A connection the server ends at the moment ordo's pool hands it to the next caller must not
  * end the process. pg-pool hands a connection out inside the socket read that finished the
- * previous holder's last statement; a "terminating connection" in that same read reached a
- * client nobody listened to yet (seen in CI as an uncaught exception during a restart test).
+ * previous holder's last statement; a "terminating connection" in that same read reaches a
+ * client nobody listens to yet, an uncaught exception unless ordo listens for it.
  */
 import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, expect, it } from 'vitest';

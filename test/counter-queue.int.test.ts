@@ -1,4 +1,4 @@
-// Every take of a gapless counter queues on the counter's own advisory lock (0039, 0040), so
+// Every take of a gapless counter queues on the counter's own advisory lock, so
 // that takers of one hot counter wait in the lock table rather than on its row, and a
 // transaction holds at most 16 such locks: PostgreSQL's shared lock table holds
 // max_locks_per_transaction × max_connections locks for every session at once, and one
@@ -90,11 +90,11 @@ describe('a transaction numbering from many counters', () => {
     },
   );
 
-  // PostgreSQL's own count of a transaction's writes (pg_stat_get_xact_tuples_*, 0040's bound)
-  // holds every write since the backend last flushed its statistics, at most once a second: a
-  // busy connection found the bound reached in most of its transactions, and they waited on the
-  // row. The last transaction takes two numbers: its first before it has a transaction id (not
-  // counted), its second after (counted); both queue.
+  // The bound counts the transaction's own takes: PostgreSQL's count of a transaction's writes
+  // (pg_stat_get_xact_tuples_*) holds every write since the backend last flushed its statistics,
+  // at most once a second, so on a busy connection a bound read from it would be reached in most
+  // transactions, which would then wait on the row. The last transaction takes two numbers: its
+  // first before it has a transaction id (not counted), its second after (counted); both queue.
   it.each([
     [
       'take_value() (what next({ tx }) sends)',

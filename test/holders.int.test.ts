@@ -193,7 +193,7 @@ describe('holders() counts takers queued on a counter’s lock', () => {
   it('behind a holder of the row alone: the taker waiting for the row, and two queued behind that one', async () => {
     await ordo.sequences.define({ name: 'h_queue' });
     await ordo.sequences.next('h_queue', { scope: 'q' });
-    // A transaction that has taken 16 numbers takes later ones on the row alone (0040, 0042).
+    // A transaction that has taken 16 numbers takes later ones on the row alone.
     const holder = await connection('sql-holder');
     await holder.query('BEGIN');
     await pastCounterQueue(holder, ordo.schema, 'h_queue');

@@ -1142,7 +1142,7 @@ describe('what a handler receives', () => {
   });
 });
 
-describe("the acknowledgement's commit (ack_handled, 0019)", () => {
+describe("the acknowledgement's commit (ack_handled)", () => {
   it('waits for the WAL flush only when the handler wrote in the transaction', async () => {
     const { o, s } = await fresh();
     await effects(s);
@@ -1498,9 +1498,8 @@ describe('wake-up', () => {
     try {
       await o.outbox.append('T', msgs(['first']));
       await waitFor('first', async () => (await sub.lag()).delivered === 1);
-      // After a delivery the consumer looks again a few times (8 quick looks, 1 to 50 ms apart:
-      // about 0.2 s here, longer on a loaded machine, where CI once saw them outlast 300 ms),
-      // then finds nothing and sleeps for an hour.
+      // After a delivery the consumer looks again a few times (8 quick looks, 1 to 50 ms apart,
+      // longer on a loaded machine), then finds nothing and sleeps for an hour.
       await sleep(2000);
       // Control: a row inserted without ordo.append sends no notification, so it stays put.
       await admin.query(

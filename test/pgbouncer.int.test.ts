@@ -357,7 +357,8 @@ describe('batched sequences through PgBouncer', () => {
         fromB = fromB.concat(d.values);
         fromA = fromA.concat((await a.sequences.nextMany(name, 100)).map((x) => x.value));
       }
-      // NOTIFY takes milliseconds, the shortened epoch check 100 ms; the old check took up to 2 s.
+      // NOTIFY takes milliseconds; the epoch check, shortened to 100 ms while notifications are
+      // lost, bounds the delay below its usual 2 s.
       expect(Math.max(...delays), `delays ${delays.map(Math.round).join(', ')} ms`).toBeLessThan(1000);
       expect(duplicates(fromA, fromB)).toEqual([]);
 
@@ -523,10 +524,10 @@ describe('throttles through PgBouncer', () => {
     });
   });
 
-  // Standalone acquires and completions once shared a *named* prepared statement. PgBouncer
-  // before 1.21 (and later ones without max_prepared_statements) forwards Parse to one server
-  // connection and a later Bind to another: 26000 "prepared statement … does not exist" or
-  // 42P05 "… already exists". ordo's statements are unnamed now; this keeps them so.
+  // Standalone acquires and completions share statements, which must stay unnamed (without
+  // prepare: true): for a *named* prepared statement, PgBouncer before 1.21 (and later ones
+  // without max_prepared_statements) forwards Parse to one server connection and a later Bind
+  // to another: 26000 "prepared statement … does not exist" or 42P05 "… already exists".
   it('a shared throttle statement parsed on one server connection runs on another without an error', async () => {
     const errors: string[] = [];
     class Recording extends pg.Client {

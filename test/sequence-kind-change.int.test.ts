@@ -6,8 +6,8 @@ import { type OrdoDatabase, ordoDatabase } from './support/database.js';
 import { waitingForLock } from './support/lock-waits.js';
 
 // A gapless sequence redefined as batched (OVERWRITE) must never hand out a value already handed
-// out (0011), whatever the takers in flight are doing (0024). Each test holds one transaction
-// open on a connection of its own, checks that the other side waits for a lock, then ends it.
+// out, whatever the takers in flight are doing. Each test holds one transaction open on a
+// connection of its own, checks that the other side waits for a lock, then ends it.
 
 let t: OrdoDatabase;
 let ordo: Ordo;

@@ -253,7 +253,7 @@ const anyDefineBody = fc.record(
       fc.oneof(
         textValue,
         textValue.map((t) => `${t}{n}`),
-        // Tokens inside tokens and stray braces: '{n:{YYYY}{MM}{DD}}' once rendered 20 MB.
+        // Tokens inside tokens and stray braces: a format renders in one pass, its length bounded.
         fc
           .array(
             fc.constantFrom(

@@ -311,6 +311,15 @@ describe('routes', () => {
     expect(taken).toEqual(Array.from({ length: 29 }, (_, i) => 100 + i));
   });
 
+  it('starts without a warning: no Ajv strict mode line, nothing but its JSON log lines', () => {
+    // Both servers have compiled every route's schema: they answered /healthz after listening.
+    for (const started of [server, guarded]) {
+      const output = started.output();
+      expect(output).not.toMatch(/strict mode|allowUnionTypes/);
+      expect(output.split('\n').filter((line) => line.trim() !== '' && !line.startsWith('{'))).toEqual([]);
+    }
+  });
+
   it('GET /healthz answers 200 { status: ok }', async () => {
     const r = await api('GET', '/healthz');
     expect(r.status).toBe(200);

@@ -1,5 +1,5 @@
-// take_value() (0018) is take() for one value in a statement that costs about what a bare
-// upsert costs, and next({ tx }) sends it. It must give exactly what take(…, 1) gives: the same
+// take_value() is take() for one value, in a statement with no set-returning function or join
+// to plan, and next({ tx }) sends it. It must give exactly what take(…, 1) gives: the same
 // value, text and period, for every format token, reset, time zone, fiscal year, increment,
 // cycle and exhaustion, and the same errors. Each series of calls runs twice in a transaction
 // rolled back, once through each function, from the same counters.

@@ -1,7 +1,7 @@
 // A batch of requests decided in one statement (acquire_all, as the client's coalesced calls and
 // the line's service use it) gets exactly the answers its requests would get one at a time, in
 // order: same grants, same reasons, same limits named, and the same state left behind. The
-// decision reads its requests as sets (0017), in rounds; this compares it with the plain
+// decision reads its requests as sets, in rounds; this compares it with the plain
 // sequence on random batches: costs, requests of several limits, refusals in the middle that
 // must take nothing, every policy. Both run from the same state (each in a transaction rolled
 // back); the limits refill over hours, so the milliseconds between the two cannot change a

@@ -198,8 +198,8 @@ describe('costs against a token bucket', () => {
         wait: '20s',
       });
     // Until every cost has had a grant rather than for a time: the line is served in arrival
-    // order, about ten tokens a second, and the requests for 1 may stand last (a fixed 2.5 s
-    // once ended before the line reached them); a line that starves a cost fails here.
+    // order, about ten tokens a second, and the requests for 1 may stand last (a fixed time may
+    // end before the line reaches them); a line that starves a cost fails here.
     const costsGranted = () => new Set(all('grant', 'c2-').map((e) => e.cost as number)).size;
     await until('a grant of every cost', async () => costsGranted() === 5, 30_000);
     for (const [p, w] of workers.slice(0, 3).entries()) w.send({ op: 'stop', tag: `c2-${p}` });

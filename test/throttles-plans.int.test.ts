@@ -1,7 +1,7 @@
 // A connection plans a decision's statements once and keeps the plans. Vacuum of ordo.permits,
 // a table of short-lived rows, often finds few live rows among many pages, and a connection
 // that plans then takes the table for nearly empty: the plans it keeps must still read one
-// key's permits by the key, and one permit by its id, however many permits come later (0035).
+// key's permits by the key, and one permit by its id, however many permits come later.
 // Each test has a database of its own: the estimate is of the whole table.
 import type pg from 'pg';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -81,11 +81,11 @@ describe('plans kept from when ordo.permits looked empty', () => {
     await ordo.throttles.define({ name: 'quiet', concurrency: 5, lease: '1h' });
     const fresh = await pool.connect();
     try {
-      // The fold, the sweep and the grant of one key: about 23 pages on PostgreSQL 15 and 18;
-      // with the plans before 0035 (the key list joined to the permits as the planner saw fit,
-      // or the primary key skip-scanned), about 150. A first grant, so that the key has a live
-      // permit: a decision on a key with none does not read the permits (0037), and the fold's
-      // statements are planned, under the same estimate, by the run after it.
+      // The fold, the sweep and the grant of one key read a few dozen pages by the key; a plan
+      // that joins the key list to the permits as the planner sees fit, or skip-scans the primary
+      // key, reads several times as many. A first grant, so that the key has a live permit: a
+      // decision on a key with none does not read the permits, and the fold's statements are
+      // planned, under the same estimate, by the run after it.
       const decision = `SELECT * FROM ordo.acquire_all(ARRAY[1], ARRAY['quiet'], ARRAY['k'], ARRAY[1], ARRAY[NULL::text])`;
       await fresh.query(decision);
       const pages = await pagesRead(fresh, decision, []);

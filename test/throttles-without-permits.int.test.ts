@@ -298,7 +298,7 @@ describe('with throttles that keep permits', () => {
 
 describe('a batch of starts', () => {
   // acquire_all answers a batch all granted without permit rows by a short statement of its
-  // own (0037), and any other batch item by item: both must answer alike and count alike.
+  // own, and any other batch item by item: both must answer alike and count alike.
   const DECIDE = `SELECT request, granted, permit_id, holder, acquired_at, expires_at, retry_after_ms, reason, limit_name
     FROM ordo.acquire_all($1::integer[], $2::text[], $3::text[], $4::integer[], $5::text[])`;
   const batch = (keys: string[], req = keys.map((_, i) => i + 1)) => [

@@ -13,10 +13,10 @@ import { wroteNothing } from '../errors.js';
  *   taking them all leaves the other slots, and the database's other cores, idle. A key's calls
  *   (`keyOf`) are never split by the share, and a statement that is full leaves every later
  *   call: no call overtakes an earlier one of its key. It pays where the statement's work is
- *   the database's (acquire + complete on 1,000 keys: +28 to 41%, spread on and off in turn),
- *   not where it is the client's (numbers from 64 counters: 12% fewer, since two statements
- *   cost the client twice what one does). Calls of different keys in two statements have no
- *   order between them: each commits when it commits.
+ *   the database's (throttle decisions and ends on many keys), not where it is the client's
+ *   (numbers from many counters: two statements cost the client twice what one does), so only
+ *   the throttles spread. Calls of different keys in two statements have no order between
+ *   them: each commits when it commits.
  * - `many` answers call i with result i, or with undefined to have that call served alone. A
  *   statement of one call goes out through `one`: the shared statement's short lock wait is
  *   there so that a batch's other calls go on without a busy key, and a lone caller would get

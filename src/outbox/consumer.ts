@@ -107,7 +107,7 @@ interface Failure {
  * consumes, renews it in the background, and gives it up when stopped. Each batch is received
  * (the database records it against the partition's version), handled in one transaction that
  * also acknowledges it, or handed back with nack() when the handler fails. What a batch holds
- * and in which order is decided by the database alone (receive() in 0008).
+ * and in which order is decided by the database alone (receive()).
  */
 export class Consumer {
   readonly owner = `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;

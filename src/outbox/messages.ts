@@ -153,9 +153,9 @@ export interface Batch {
 /**
  * Reads a batch: `text` selects the plans' message fields (without the topic, the
  * subscription's), then the version and the attempt. Each row becomes a message as it arrives
- * and is not kept: pg keeps every parsed row until the statement ends, and at 1,000 messages a
- * batch those rows, alive beside the messages, doubled the consumer's CPU per message (garbage
- * collection). The fields are read as PostgreSQL writes them, without pg's type parsers.
+ * and is not kept: pg keeps every parsed row until the statement ends, and those rows, alive
+ * beside the messages of a large batch, would cost the consumer garbage collection per message.
+ * The fields are read as PostgreSQL writes them, without pg's type parsers.
  */
 export function readBatch(
   client: pg.ClientBase,

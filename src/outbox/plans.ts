@@ -12,10 +12,10 @@ export function outboxPlans(schema: string) {
   // the acknowledgement, in the handler's transaction, does, when the handler wrote in it.
   const lazy = `CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS lazy`;
   // A message's columns, in the order readBatch() reads them (toMessage() reads them by name,
-  // the topic after them). The instant is seconds in a float8, date_part(): extract()'s exact
-  // numeric was a tenth of receive()'s time in the server, and pg's parser of a timestamptz's
-  // text a third of Node's. The usual empty headers are not parsed. The transaction id (and
-  // the consumer's version) are read as PostgreSQL writes them, without a cast to text.
+  // the topic after them). The instant is seconds in a float8, date_part(): cheaper in the
+  // server than extract()'s exact numeric, and in Node than pg's parser of a timestamptz's text.
+  // The usual empty headers are not parsed. The transaction id (and the consumer's version) are
+  // read as PostgreSQL writes them, without a cast to text.
   const fields = `position, transaction_id, type, key, message_id, data,
         NULLIF(headers, '{}'::jsonb) AS headers, date_part('epoch', created_at) AS created_s`;
   const message = `${fields}, topic`;
@@ -25,7 +25,7 @@ export function outboxPlans(schema: string) {
     /**
      * Every message of one append, in one statement, in the caller's transaction: the
      * transaction's id, then the position of each message given (null: its id was stored
-     * before), as one array (0032).
+     * before), as one array.
      */
     append: `SELECT ${s}.append_answer($1, $2::text[], $3::jsonb[], $4::text[], $5::text[], $6::jsonb[]) AS answer`,
     /** The next batch of a partition this consumer leases, recorded against its version (readBatch). */
@@ -49,7 +49,7 @@ export function outboxPlans(schema: string) {
     ack: `SELECT ${s}.ack($1, $2, $3, $4::bigint, $5, $6, $7) AS handled`,
     /**
      * The same in the transaction given to the handler: its commit waits for the WAL flush only
-     * if the handler wrote in it (0019).
+     * if the handler wrote in it.
      */
     ackHandled: `SELECT ${s}.ack_handled($1, $2, $3, $4::bigint, $5) AS handled`,
     nack: `SELECT outcome, attempts FROM ${s}.nack($1, $2, $3, $4::bigint, $5, $6, $7, $8, $9)`,

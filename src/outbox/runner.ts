@@ -50,7 +50,7 @@ export class PartitionRunner {
   private async loop(): Promise<SubscriptionEnd> {
     while (!this.stopping && !this.ended) {
       try {
-        await this.take(this.partitions === 1 ? [0] : await this.mine());
+        await this.rebalance(this.partitions === 1 ? [0] : await this.mine());
       } catch (e) {
         const error = toOrdoError(e);
         this.settings.onError?.(error);
@@ -91,7 +91,7 @@ export class PartitionRunner {
   }
 
   /** Starts consumers for the partitions wanted, and stops the others (they release their leases). */
-  private async take(wanted: number[]): Promise<void> {
+  private async rebalance(wanted: number[]): Promise<void> {
     const keep = new Set(wanted);
     const leaving = [...this.consumers].filter(([p]) => !keep.has(p));
     for (const [p] of leaving) this.consumers.delete(p);

@@ -87,7 +87,7 @@ export class Allocator {
   }
 
   /** A value from memory, or undefined when the current range is used up. */
-  takeNow(): number | undefined {
+  handOutNow(): number | undefined {
     if (this.next > this.last) {
       if (!this.spare) return undefined;
       this.install(this.spare);
@@ -103,9 +103,10 @@ export class Allocator {
     return value;
   }
 
-  async take(): Promise<number> {
+  /** A value, waiting for a reservation when none is in memory. */
+  async handOut(): Promise<number> {
     for (;;) {
-      const value = this.takeNow();
+      const value = this.handOutNow();
       if (value !== undefined) return value;
       await this.refill();
     }

@@ -17,10 +17,10 @@ export interface Request {
   count: number;
 }
 
-/** Takes `count` consecutive values for one request, in one autocommitted statement. */
-export type TakeOne = (request: Request) => Promise<Issued[]>;
-/** Serves many requests in one autocommitted statement; result i answers request i. */
-export type TakeBatch = (requests: Request[]) => Promise<Issued[][]>;
+/** take(): `count` consecutive values for one request, in one autocommitted statement. */
+export type Take = (request: Request) => Promise<Issued[]>;
+/** take_many(): many requests in one autocommitted statement; result i answers request i. */
+export type TakeMany = (requests: Request[]) => Promise<Issued[][]>;
 
 /**
  * Standalone calls for numbers share statements (the one Batcher of src/db/batcher.ts, with its
@@ -33,15 +33,15 @@ export class Coalescer {
   private readonly batcher: Batcher<Request, Issued[]>;
 
   constructor(
-    private readonly takeOne: TakeOne,
-    private readonly takeBatch: TakeBatch,
+    private readonly take: Take,
+    private readonly takeMany: TakeMany,
     slots = 2,
     /** Values one statement takes at most (a single caller may ask for more). */
     maxBatch = 10_000,
   ) {
     this.batcher = new Batcher({
-      one: takeOne,
-      many: (requests) => this.takeMerged(requests),
+      one: take,
+      many: (requests) => this.serveMerged(requests),
       slots,
       maxBatch,
       units: (r) => r.count,
@@ -49,7 +49,8 @@ export class Coalescer {
     });
   }
 
-  take(name: string, scope: string, at: string | null, count = 1): Promise<Issued[]> {
+  /** Queues a caller for `count` values; it shares the next statement with the callers queued beside it. */
+  submit(name: string, scope: string, at: string | null, count = 1): Promise<Issued[]> {
     if (!Number.isSafeInteger(count) || count < 1) {
       return Promise.reject(
         new OrdoError('invalid_argument', `count must be a whole number of at least 1 (got ${count})`),
@@ -64,7 +65,7 @@ export class Coalescer {
   }
 
   /** One request per (sequence, scope, at), then each caller its own consecutive slice. */
-  private async takeMerged(requests: Request[]): Promise<(Issued[] | undefined)[]> {
+  private async serveMerged(requests: Request[]): Promise<(Issued[] | undefined)[]> {
     const groups = new Map<string, { request: Request; callers: number[] }>();
     for (const [i, r] of requests.entries()) {
       const group = groups.get(keyOf(r));
@@ -76,8 +77,8 @@ export class Coalescer {
     const merged = [...groups.values()];
     const results =
       merged.length === 1
-        ? [await this.takeOne(merged[0]!.request)]
-        : await this.takeBatch(merged.map((g) => g.request));
+        ? [await this.take(merged[0]!.request)]
+        : await this.takeMany(merged.map((g) => g.request));
     const answers: (Issued[] | undefined)[] = requests.map(() => undefined);
     for (const [g, group] of merged.entries()) {
       const issued = results[g];

@@ -19,7 +19,7 @@ export const RESET_PERIODS: readonly ResetPeriod[] = ['never', 'day', 'week', 'm
 
 export interface DefineSequenceOptions {
   name: string;
-  /** 'gapless' (default): no holes, in your transaction. 'batched': ranges reserved per node, millions per second. */
+  /** 'gapless' (default): no holes, in your transaction. 'batched': ranges reserved per node, values from memory. */
   kind?: SequenceKind;
   /** First value (of every period, for a gapless sequence). Default 1 for gapless, 0 for batched (as SurrealDB). */
   start?: number;

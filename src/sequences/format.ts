@@ -1,7 +1,7 @@
 import { invalid, MAX_TEXT } from '../validate.js';
 
 /**
- * Formats are rendered in SQL (`render()` in the migrations) so that every language gets
+ * Formats are rendered in SQL (`render()`) so that every language gets
  * the same text, in one pass over the format's own pieces: a token's output is never read
  * again. The same grammar is checked in SQL (`check_format`) for definitions from any client;
  * this module refuses bad formats first, with the same messages.

@@ -34,7 +34,7 @@ export function sequencePlans(schema: string) {
     giveBack: `SELECT ${s}.give_back($1, $2, $3, $4, $5, $6) AS given_back`,
     /** Epochs of the batched sequences a node holds ranges of (a missed NOTIFY cannot keep a range alive). */
     epochs: `SELECT name, epoch, kind, timeout_ms FROM ${s}.sequences WHERE name = ANY($1::text[])`,
-    /** The hot path: `how_many` consecutive values, in order, in one statement. */
+    /** `how_many` consecutive values of one (sequence, scope, at), in order, in one statement. */
     take: `SELECT value, text, period FROM ${s}.take($1, $2, coalesce($3::timestamptz, now()), $4) ${durable}`,
     /**
      * One value in the caller's transaction: take() for one, as an array {value, text, period},
@@ -44,6 +44,8 @@ export function sequencePlans(schema: string) {
     takeValue: `SELECT ${s}.take_value($1, $2, $3) AS issued`,
     /** take(), once per (sequence, idempotency key): a retry with the key gets the same values. */
     takeOnce: `SELECT value, text, period, replayed FROM ${s}.take_once($1, $2, coalesce($3::timestamptz, now()), $4, $5) ${durable}`,
+    /** Coalesced standalone calls for several (sequence, scope, at) at once. */
+    takeMany: `SELECT request, value, text, period FROM ${s}.take_many($1::text[], $2::text[], $3::timestamptz[], $4::integer[]) ${durable}`,
     /** Numbers a table's column at commit (a deferred trigger); false when attached so already. */
     attach: `SELECT ${s}.attach_sequence($1, $2, $3, $4, $5) AS attached`,
     /** Waits at most $4 ms for the table's lock (DROP TRIGGER queues every reader behind it). */
@@ -70,8 +72,6 @@ export function sequencePlans(schema: string) {
           ELSE coalesce((SELECT sum((c.value - d.start) / d.increment + 1) FROM ${s}.counters AS c WHERE c.sequence = d.name), 0)
         END AS taken, clock_timestamp() AS at
       FROM ${s}.sequences AS d ORDER BY d.name`,
-    /** Coalesced standalone calls for several (sequence, scope, at) at once. */
-    takeMany: `SELECT request, value, text, period FROM ${s}.take_many($1::text[], $2::text[], $3::timestamptz[], $4::integer[]) ${durable}`,
   };
 }
 

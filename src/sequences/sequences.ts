@@ -87,10 +87,10 @@ interface KnownDefinition {
   value?: SequenceDefinition;
 }
 
-interface Checked {
-  name: string;
-  scope: string;
-  at: string | null;
+/** Which counter a take names: the sequence, the scope, and the time whose period it is. */
+type CounterKey = Pick<Request, 'name' | 'scope' | 'at'>;
+
+interface Checked extends CounterKey {
   tx: Queryable | undefined;
   idempotencyKey: string | undefined;
 }
@@ -124,8 +124,8 @@ export class Sequences {
       notifications,
     );
     this.coalescer = new Coalescer(
-      (r) => this.takeMany(this.pool, r.name, r.scope, r.at, r.count),
-      (requests) => this.takeBatch(requests),
+      (r) => this.take(this.pool, r, r.count),
+      (requests) => this.takeMany(requests),
       statementSlots((pool as { options?: { max?: number } }).options?.max),
     );
   }
@@ -286,25 +286,24 @@ export class Sequences {
       return Promise.reject(e);
     }
     // One number in the caller's transaction of a sequence known gapless: the statement and
-    // nothing around it. Each async step a call waits through costs Node more than its work
-    // (16 callers in transactions: 2 to 3 µs a step, of some 85 µs Node spends on the whole
-    // transaction).
+    // nothing around it, since each async step a call waits through costs Node more than the
+    // step's own work.
     if (c.tx && c.idempotencyKey === undefined && this.definitions.get(c.name)?.value?.kind === 'gapless') {
       return this.takeValue(c.tx, c);
     }
-    return this.take(c, 1).then((issued) => issued[0]!);
+    return this.issue(c, 1).then((issued) => issued[0]!);
   }
 
   /** `count` consecutive values (gapless: one statement; batched: from this node's ranges). */
   async nextMany(name: string, count: number, options: NextOptions = {}): Promise<Issued[]> {
     this.ensureOpen(options?.tx !== undefined);
     const checked = safeInteger('count', count, 1, MAX_COUNT);
-    return this.take(checkNext(name, options), checked);
+    return this.issue(checkNext(name, options), checked);
   }
 
   /** @internal A batched value straight from memory, or undefined. The hot path of ordo.nextval(). */
-  takeNow(name: string): number | undefined {
-    return this.batched.get(name)?.takeNow();
+  handOutNow(name: string): number | undefined {
+    return this.batched.get(name)?.handOutNow();
   }
 
   /** Range reservations this node has made, per batched sequence. */
@@ -365,24 +364,25 @@ export class Sequences {
     return this.batched.close();
   }
 
-  /** A call next() or nextMany() has accepted (checked, and open). */
-  private async take(c: Checked, count: number, retried = false): Promise<Issued[]> {
+  /**
+   * Issues the values of a call next() or nextMany() has accepted (checked, and open), by the
+   * sequence's kind: batched from this node's ranges; gapless with take_once() when the call
+   * has an idempotency key, in the caller's transaction when it gives one, else coalesced with
+   * the other standalone calls.
+   */
+  private async issue(c: Checked, count: number, retried = false): Promise<Issued[]> {
     const definition = await this.definition(c.name, c.tx);
     try {
-      if (definition.kind === 'batched') return await this.takeBatched(definition, c, count);
+      if (definition.kind === 'batched') return await this.handOutBatched(definition, c, count);
       if (c.idempotencyKey !== undefined) return await this.takeOnce(c.tx ?? this.pool, c, count);
-      if (c.tx) {
-        return count === 1
-          ? [await this.takeValue(c.tx, c)]
-          : await this.takeMany(c.tx, c.name, c.scope, c.at, count);
-      }
-      return await this.coalescer.take(c.name, c.scope, c.at, count);
+      if (c.tx) return count === 1 ? [await this.takeValue(c.tx, c)] : await this.take(c.tx, c, count);
+      return await this.coalescer.submit(c.name, c.scope, c.at, count);
     } catch (e) {
       // Redefined as the other kind by another node since we looked: once more, freshly. Not in
       // a caller's transaction: the error has aborted it, and the caller must know.
       if (this.forgetIfStale(e, c.name) === 'other kind' && !retried && !c.tx) {
         this.ensureOpen();
-        return this.take(c, count, true);
+        return this.issue(c, count, true);
       }
       throw e;
     }
@@ -400,7 +400,8 @@ export class Sequences {
     return stale;
   }
 
-  private async takeBatched(definition: SequenceDefinition, c: Checked, count: number): Promise<Issued[]> {
+  /** `count` values of a batched sequence from this node's ranges, refusing what only gapless ones take. */
+  private async handOutBatched(definition: SequenceDefinition, c: Checked, count: number): Promise<Issued[]> {
     if (c.scope !== '' || c.at !== null) {
       throw invalid(`The sequence '${c.name}' is batched: it takes no scope and no at`);
     }
@@ -412,7 +413,7 @@ export class Sequences {
     const allocator = this.batched.open(definition);
     const issued: Issued[] = [];
     for (let i = 0; i < count; i++) {
-      const value = allocator.takeNow() ?? (await allocator.take());
+      const value = allocator.handOutNow() ?? (await allocator.handOut());
       issued.push({ value, text: String(value), period: null, scope: '' });
     }
     return issued;
@@ -445,18 +446,21 @@ export class Sequences {
     this.batched.forget(name);
   }
 
-  private async takeMany(
-    db: Queryable,
-    name: string,
-    scope: string,
-    at: string | null,
-    count: number,
-  ): Promise<Issued[]> {
-    const { rows } = await this.run(db, this.plans.take, [name, scope, at, count]);
-    return rows.map((r) => ({ value: Number(r.value), text: r.text, period: r.period, scope }));
+  /** take(): `count` consecutive gapless values of one (sequence, scope, at), in one statement. */
+  private async take(db: Queryable, r: CounterKey, count: number): Promise<Issued[]> {
+    const { rows } = await this.run(db, this.plans.take, [r.name, r.scope, r.at, count]);
+    return rows.map((row) => ({
+      value: Number(row.value),
+      text: row.text,
+      period: row.period,
+      scope: r.scope,
+    }));
   }
 
-  /** The hot path of next({ tx }): one value, one statement; a definition it shows stale is forgotten. */
+  /**
+   * take_value(): one value in the caller's transaction, the hot path of next({ tx }); a
+   * definition the error shows stale is forgotten.
+   */
   private takeValue(db: Queryable, c: Checked): Promise<Issued> {
     return this.run(db, this.plans.takeValue, [c.name, c.scope, c.at]).then(
       ({ rows }) => {
@@ -470,6 +474,7 @@ export class Sequences {
     );
   }
 
+  /** take_once(): the values of the call's idempotency key, the same ones when it is repeated. */
   private async takeOnce(db: Queryable, c: Checked, count: number): Promise<Issued[]> {
     const { rows } = await this.run(db, this.plans.takeOnce, [
       c.name,
@@ -481,7 +486,8 @@ export class Sequences {
     return rows.map((r) => ({ value: Number(r.value), text: r.text, period: r.period, scope: c.scope }));
   }
 
-  private async takeBatch(requests: Request[]): Promise<Issued[][]> {
+  /** take_many(): several coalesced requests in one statement; answer i holds the values of request i. */
+  private async takeMany(requests: Request[]): Promise<Issued[][]> {
     const { rows } = await this.run(this.pool, this.plans.takeMany, [
       requests.map((r) => r.name),
       requests.map((r) => r.scope),

@@ -108,7 +108,18 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
     connectionTimeout: 30_000,
     // Refuse what does not match a schema instead of coercing or dropping it.
     // verbose: errors carry the value and its schema, for messages that name what is allowed.
-    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false, verbose: true } },
+    // allowUnionTypes: a property that takes several types says so with one `type` list (a
+    // timeout is milliseconds or a duration text), so that a refusal names every type allowed;
+    // without it Ajv's strict mode warns at every start.
+    ajv: {
+      customOptions: {
+        coerceTypes: false,
+        removeAdditional: false,
+        allErrors: false,
+        verbose: true,
+        allowUnionTypes: true,
+      },
+    },
     schemaErrorFormatter: (errors, dataVar) => new Error(validationMessage(errors, dataVar)),
     // Refusals while closing are ordo's { code: 'closed' } (see onRequest), not Fastify's body.
     return503OnClosing: false,

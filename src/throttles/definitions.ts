@@ -23,8 +23,7 @@ export interface DefineThrottleOptions {
   lease?: string | number;
   /**
    * false: a grant is a start and nothing more, with no permit stored: no lease, no outcome, no
-   * refund (a plain rate limiter, for every and limit/per only; about twice the decisions a
-   * second on many keys). Default true.
+   * refund (a plain rate limiter, for every and limit/per only). Default true.
    */
   permits?: boolean;
   /** What fail() does when not told: give the start (and token) back so a retry may start at once. Default false. */

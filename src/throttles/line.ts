@@ -38,7 +38,7 @@ interface Waiter {
 }
 
 /**
- * The requests of this client that wait in line (see throttle_wait in 0010). The line itself
+ * The requests of this client that wait in line (see the SQL function throttle_wait). The line itself
  * lives in the database, shared by every process: this module keeps its own waiters alive,
  * and looks again when something may have changed for them: a grant made on their behalf or
  * a permit ended (both by NOTIFY), the wait the line was last given (a timer), or, as a

@@ -40,7 +40,7 @@ export function throttlePlans(schema: string) {
     setKeyLimits: `SELECT every_ms, rate_limit, per_ms, concurrency FROM ${s}.set_key_limits($1, $2, $3, $4, $5, $6)`,
     /** Until $3 (a time), or for $4 ms from the database's clock; both null: resumed. */
     pause: `SELECT ${s}.pause_throttle($1, $2, coalesce(clock_timestamp() + $4::bigint * interval '1 millisecond', $3::timestamptz)) AS changed`,
-    /** Waiting in line (see 0010): enqueue or renew, serve the lines, answer. */
+    /** Waiting in line: enqueue or renew, serve the lines, answer. */
     wait: `SELECT granted, permit_id, holder, acquired_at, expires_at, retry_after_ms, reason, limit_name, limit_key, next_ms
       FROM ${s}.throttle_wait($1, $2::text[], $3::text[], $4::integer[], $5, $6)`,
     leave: `SELECT permit_id, holder, acquired_at, expires_at FROM ${s}.throttle_leave($1)`,

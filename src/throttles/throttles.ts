@@ -187,7 +187,7 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 /**
  * Throttles: at most one start per interval, token buckets and concurrency limits per key,
  * with leases that know how each task ended. Every decision is one SQL call on the database
- * clock (see sql/migrations/0004_throttles.sql).
+ * clock (acquire_all(), throttle_wait() and throttle_batch(), in sql/functions/throttles/).
  */
 export class Throttles {
   private readonly plans: ThrottlePlans;

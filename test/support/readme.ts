@@ -1,5 +1,5 @@
-// Small readers of README.md for test/readme.int.test.ts: what the README shows, as data.
-// Each one understands only the shapes the README uses, and says nothing about ordo.
+// Small readers of README.md and the guides for test/readme.int.test.ts: what they show, as data.
+// Each one understands only the shapes the documents use, and says nothing about ordo.
 import { runInNewContext } from 'node:vm';
 
 /** A fenced block: its language, its text, and the README line of its first code line. */
@@ -218,4 +218,39 @@ export function headingAnchor(heading: string): string {
     .toLowerCase()
     .replace(/[^\p{L}\p{N}\s_-]/gu, '')
     .replace(/\s/g, '-');
+}
+
+/** A document's text without its fenced blocks, where a `#` or a `](` is code, not Markdown. */
+export function prose(markdown: string): string {
+  return markdown.replace(/^```[\s\S]*?^```$/gm, '');
+}
+
+/** The anchors of a document's headings, as GitHub makes them (a repeated heading gets `-1`, `-2`…). */
+export function headingAnchors(markdown: string): string[] {
+  const seen = new Map<string, number>();
+  return [...prose(markdown).matchAll(/^#+ (.+)$/gm)].map((m) => {
+    const anchor = headingAnchor(m[1]!);
+    const n = seen.get(anchor) ?? 0;
+    seen.set(anchor, n + 1);
+    return n === 0 ? anchor : `${anchor}-${n}`;
+  });
+}
+
+/**
+ * The links of a document outside its fenced blocks, to one of its headings (`#anchor`) or to a
+ * file of the repository (`docs/x.md`, `docs/x.md#anchor`, an image); addresses with a scheme
+ * (`https:`) are left out.
+ */
+export interface Link {
+  file?: string;
+  anchor?: string;
+}
+
+export function markdownLinks(markdown: string): Link[] {
+  return [...prose(markdown).matchAll(/\]\(([^)#:]*)(?:#([^)]*))?\)/g)]
+    .filter((m) => m[1] !== '' || m[2] !== undefined)
+    .map((m) => ({
+      ...(m[1] === '' ? {} : { file: m[1]! }),
+      ...(m[2] === undefined ? {} : { anchor: m[2] }),
+    }));
 }

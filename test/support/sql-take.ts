@@ -19,7 +19,7 @@ export async function sqlTake(
   return { value: Number(rows[0].value), period: rows[0].period };
 }
 
-/** How many times a transaction writes counters before its takes queue on the row alone (0040). */
+/** How many times a transaction writes counters before its takes queue on the row alone. */
 export const COUNTERS_QUEUED = 16;
 
 /**

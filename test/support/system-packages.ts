@@ -64,7 +64,9 @@ export function ensureSystemPrograms(log: (line: string) => void = () => undefin
     });
   } catch (e) {
     const stderr = (e as { stderr?: Buffer }).stderr?.toString().trim();
-    throw new Error(`Installing ${packages.join(', ')} failed (${stderr || String(e)}); run: ${command}`);
+    throw new Error(`Installing ${packages.join(', ')} failed (${stderr || String(e)}); run: ${command}`, {
+      cause: e,
+    });
   }
   const still = missing.filter((p) => !installed(p));
   if (still.length > 0) {
