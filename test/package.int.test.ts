@@ -166,7 +166,10 @@ describe('npm install ordo', { timeout: 120_000 }, () => {
     expect(filesIn(join(installed, 'bin'))).toEqual(['ordo.js']);
     const sql = filesIn(join(installed, 'sql'));
     expect(sql.length).toBeGreaterThan(0);
-    for (const f of sql) expect(f).toMatch(/^migrations\/\d{4}_[a-z0-9_]+\.sql$/);
+    for (const f of sql)
+      expect(f).toMatch(/^(migrations\/\d{4}_[a-z0-9_]+|functions\/[a-z-]+\/[a-z0-9_]+)\.sql$/);
+    expect(sql.filter((f) => f.startsWith('migrations/')).length).toBeGreaterThan(0);
+    expect(sql).toContain('functions/gapless/take_value.sql');
     const dist = filesIn(join(installed, 'dist'));
     expect(dist).toContain('index.js');
     expect(dist).toContain('index.d.ts');

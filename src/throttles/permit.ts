@@ -45,7 +45,7 @@ export interface Refusal {
   granted: false;
   /** Milliseconds until every rate policy would allow (rounded up: sleeping that long is enough). */
   retryAfterMs: number;
-  /** The policy that waits longest. For 'concurrency', a poll hint (see README). */
+  /** The policy that waits longest. For 'concurrency', a poll hint (docs/throttles.md, Refusals). */
   reason: ThrottlePolicy;
   /** The limit that waits longest (acquireAll: which of the items), or null when it is the line. */
   limit: { name: string; key: string } | null;
