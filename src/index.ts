@@ -38,6 +38,16 @@ export {
   type SubscribeOptions,
   type Subscription,
 } from './outbox/outbox.js';
+export {
+  MAX_WINDOW,
+  type Relay,
+  type RelayOptions,
+  type RelayState,
+  type RelayStatus,
+  type RelayTarget,
+} from './outbox/relays/relay.js';
+export type { RelayBroker } from './outbox/relays/brokers.js';
+export { TEMPLATE_FIELDS } from './outbox/relays/envelope.js';
 export type { StatementResult } from './query/executor.js';
 export type { CounterValue, HeldRange, SequenceActivity } from './sequences/activity.js';
 export type { AttachOptions, Attachment, CounterHolder, DetachOptions } from './sequences/attachments.js';

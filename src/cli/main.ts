@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { type ParseArgsConfig, parseArgs } from 'node:util';
@@ -13,7 +13,10 @@ import {
   type LogEntry,
   type Ordo,
   OrdoError,
+  type Relay,
+  type RelayOptions,
   type ThrottleState,
+  toOrdoError,
 } from '../index.js';
 import { buildServer, parseTokens, readTokensFile, type Token } from '../server/app.js';
 
@@ -56,8 +59,11 @@ const COMMANDS: Record<string, Command> = {
   --tokens-file FILE   bearer tokens, one 'token:scope+scope' a line (default: ORDO_TOKENS)
   --insecure           allow listening beyond loopback without tokens
   --request-timeout D  a request must arrive whole within D (default 10s; headers within half)
-  --max-connections N  most open client connections (default: the open-files limit less 256)`,
+  --max-connections N  most open client connections (default: the open-files limit less 256)
+  --relays FILE        runs the relays of a JSON file (an array of relay options) beside the API
+                       (default: ORDO_RELAYS); on SIGTERM they finish what is in flight`,
     options: {
+      relays: { type: 'string' },
       port: { type: 'string' },
       host: { type: 'string' },
       'tokens-file': { type: 'string' },
@@ -69,6 +75,7 @@ const COMMANDS: Record<string, Command> = {
       port(flags.port);
       serverLimits(flags);
       tokensFrom(flags);
+      relaysFrom(flags.relays as string | undefined);
       const host = (flags.host as string | undefined) ?? '127.0.0.1';
       if (!loopback(host) && tokensFrom(flags).length === 0 && !flags.insecure) {
         throw usage(
@@ -100,18 +107,38 @@ const COMMANDS: Record<string, Command> = {
       }
       // Finds out now, not at the first subscription, whether notifications arrive (a pooler).
       void ordo.notifications().catch(() => undefined);
-      await new Promise<void>((resolve) => {
-        const stop = (signal: NodeJS.Signals) => {
-          app.log.info({ signal }, 'stopping: finishing requests in flight');
-          process.removeListener('SIGINT', stop);
-          process.removeListener('SIGTERM', stop);
-          resolve();
-        };
-        process.on('SIGINT', stop);
-        process.on('SIGTERM', stop);
-      });
-      // No new connections; requests in flight are answered (each answered number was committed).
-      await app.close();
+      const relays = await startRelays(ordo, relaysFrom(flags.relays as string | undefined), (m) =>
+        app.log.info(m),
+      );
+      const signal = await stopSignal();
+      app.log.info({ signal }, 'stopping: finishing requests and relays in flight');
+      // No new connections; requests in flight are answered (each answered number was committed),
+      // and each relay's batches in flight are confirmed or handed back.
+      await Promise.all([app.close(), ...relays.map((r) => r.stop())]);
+      return 0;
+    },
+  },
+
+  relay: {
+    usage: `ordo relay FILE
+  Runs the relays of FILE (a JSON array of relay options, as ordo.outbox.relay() takes them) until
+  SIGINT or SIGTERM, then finishes what is in flight and exits 0; exits 1 if every relay stopped by
+  itself (onExhausted: 'stop').`,
+    options: {},
+    check(_flags, args) {
+      if (args.length !== 1) throw usage('ordo relay takes one argument: the relays file');
+      relaysFrom(args[0]);
+    },
+    async run(ordo, args) {
+      const relays = await startRelays(ordo, relaysFrom(args[0]), (m) => console.error(`ordo: ${m}`));
+      const ended = Promise.all(relays.map((r) => r.done)).then(() => 'ended' as const);
+      const how = await Promise.race([stopSignal(), ended]);
+      if (how === 'ended') {
+        console.error('ordo: every relay stopped');
+        return 1;
+      }
+      console.error(`ordo: ${how}: finishing what is in flight`);
+      await Promise.all(relays.map((r) => r.stop()));
       return 0;
     },
   },
@@ -232,6 +259,7 @@ const COMMANDS: Record<string, Command> = {
       const holders = await ordo.sequences.holders();
       const attachments = await ordo.sequences.attachments();
       const subscriptions = await ordo.outbox.subscriptions();
+      const relays = await ordo.outbox.relays();
       const throttles = await ordo.throttles.list();
       const permits = await ordo.throttles.running();
       const keys = (await Promise.all(throttles.map((t) => ordo.throttles.keys(t.name, { limit: 1000 }))))
@@ -255,6 +283,7 @@ const COMMANDS: Record<string, Command> = {
               holders,
               attachments,
               subscriptions,
+              relays,
               throttles,
               keys,
               permits,
@@ -320,6 +349,20 @@ const COMMANDS: Record<string, Command> = {
             'held back by': s.blockedBy ? describeBlocker(s.blockedBy) : '',
             consumer: s.owner ?? '',
             'last error': s.lastError ?? '',
+          })),
+        );
+      }
+      if (relays.length > 0) {
+        console.log('relays');
+        console.table(
+          relays.map((r) => ({
+            relay: r.name,
+            topic: r.topic,
+            to: r.target,
+            state: r.state,
+            behind: r.messagesBehind,
+            delivered: r.delivered,
+            'last error': r.lastRelayError ?? r.lastError ?? '',
           })),
         );
       }
@@ -397,7 +440,8 @@ const COMMANDS: Record<string, Command> = {
 const USAGE = `ordo — numbers and order you can trust on PostgreSQL
 
 Usage:
-  ordo serve [--port 7070] [--host 127.0.0.1]   the HTTP API
+  ordo serve [--port 7070] [--host 127.0.0.1]   the HTTP API (and --relays FILE)
+  ordo relay FILE                               the relays of FILE, until SIGTERM
   ordo sql "<statements>" [--json]              SurrealQL-compatible statements
   ordo next <name> [--scope s] [--count n]      take values
   ordo status [--json]                          sequences, subscriptions and throttles
@@ -567,4 +611,62 @@ function tokensFrom(flags: Flags): Token[] {
 
 function loopback(host: string): boolean {
   return host === 'localhost' || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
+}
+
+/** The relays of a file (a JSON array of relay options): the path given, else ORDO_RELAYS. */
+function relaysFrom(file: string | undefined): Record<string, unknown>[] {
+  const path = file ?? process.env.ORDO_RELAYS;
+  if (path === undefined || path === '') return [];
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    throw usage(`cannot read the relays file ${path}: ${(e as Error).message}`);
+  }
+  let list: unknown;
+  try {
+    list = JSON.parse(text);
+  } catch (e) {
+    throw usage(`the relays file ${path} is not JSON: ${(e as Error).message}`);
+  }
+  if (!Array.isArray(list) || list.some((r) => typeof r !== 'object' || r === null || Array.isArray(r))) {
+    throw usage(
+      `the relays file ${path} must hold a JSON array of relay options, such as [{ "name": …, "topic": …, "to": { "nats": { … } } }]`,
+    );
+  }
+  return list as Record<string, unknown>[];
+}
+
+/** Starts every relay, or none: a relay refused stops those started before it. */
+async function startRelays(
+  ordo: Ordo,
+  list: Record<string, unknown>[],
+  say: (message: string) => void,
+): Promise<Relay[]> {
+  const started: Relay[] = [];
+  for (const [i, options] of list.entries()) {
+    try {
+      const relay = await ordo.outbox.relay(options as unknown as RelayOptions);
+      started.push(relay);
+      say(`relay ${relay.name}: ${relay.topic} to ${relay.state().target}`);
+    } catch (e) {
+      await Promise.all(started.map((r) => r.stop()));
+      const error = toOrdoError(e);
+      throw new OrdoError(error.code, `relay ${i} (${String(options.name)}): ${error.message}`, { cause: e });
+    }
+  }
+  return started;
+}
+
+/** Resolves with the first SIGINT or SIGTERM. */
+function stopSignal(): Promise<NodeJS.Signals> {
+  return new Promise((resolve) => {
+    const stop = (signal: NodeJS.Signals) => {
+      process.removeListener('SIGINT', stop);
+      process.removeListener('SIGTERM', stop);
+      resolve(signal);
+    };
+    process.on('SIGINT', stop);
+    process.on('SIGTERM', stop);
+  });
 }

@@ -15,6 +15,8 @@ export interface HandlerContext {
    */
   tx: pg.PoolClient;
   subscription: string;
+  /** The partition of the subscription these messages belong to (0 when it has one). */
+  partition: number;
   /** 1 on the first delivery of these messages, then 2, 3, … */
   attempt: number;
   /** Aborted when this consumer loses its lease or is stopped: stop work that would be wasted. */
@@ -25,6 +27,26 @@ export type Handler<T = unknown> = (
   messages: OutboxMessage<T>[],
   context: HandlerContext,
 ) => Promise<void> | void;
+
+/**
+ * Thrown by a handler that dealt with the first `handled` messages of its batch and then stopped
+ * (a relay: the broker confirmed a prefix, then failed): the checkpoint moves past those alone, so
+ * only the rest is delivered again. `transient`: the failure says nothing about the message (a
+ * broker that is down): the rest comes again after a back-off, without counting an attempt, so
+ * an outage never parks a message; otherwise the first message not handled has failed.
+ */
+export class BatchInterrupted extends Error {
+  constructor(
+    readonly handled: number,
+    readonly transient: boolean,
+    cause: unknown,
+    /** A transient failure that said how long to wait (Retry-After): at least that long. */
+    readonly retryAfterMs = 0,
+  ) {
+    super(cause instanceof Error ? cause.message : String(cause), { cause });
+    this.name = 'BatchInterrupted';
+  }
+}
 
 /** How a consumer's loop ended. */
 export interface SubscriptionEnd {
@@ -123,6 +145,8 @@ export class Consumer {
   private abort = new AbortController();
   /** The batch of a lapsed lease, failed when this consumer took the lease: acted on before the next batch. */
   private lapsed: Failure | undefined;
+  /** Transient failures in a row (BatchInterrupted), for the back-off of the next look. */
+  private outages = 0;
 
   constructor(
     private readonly pool: pg.Pool,
@@ -292,6 +316,7 @@ export class Consumer {
           await this.settings.handler(messages, {
             tx: client,
             subscription: name,
+            partition,
             attempt,
             signal: this.abort.signal,
           });
@@ -316,8 +341,10 @@ export class Consumer {
       } catch (e) {
         if (tx.begun) await client.query('ROLLBACK');
         if (!this.leased || this.stopping) return { kind: 'lost' };
+        if (e instanceof BatchInterrupted) return await this.interrupted(client, e, messages, version);
         return await this.failed(client, e, messages, version);
       }
+      this.outages = 0;
       return { kind: 'delivered' };
     } catch (e) {
       broken = true;
@@ -325,6 +352,47 @@ export class Consumer {
     } finally {
       guard.release(broken);
     }
+  }
+
+  /**
+   * A batch the handler dealt with in part: past the prefix it handled, then the rest again, at
+   * once after a refusal (its first message then fails on its own, and is counted), after the
+   * back-off after an outage.
+   */
+  private async interrupted(
+    client: pg.PoolClient,
+    e: BatchInterrupted,
+    messages: OutboxMessage[],
+    version: string,
+  ): Promise<Step> {
+    // A handler that says it handled all of a batch it failed still failed its last message.
+    const handled = Math.min(Math.max(0, Math.floor(e.handled)), messages.length - 1);
+    if (handled > 0) {
+      const { name, partition, leaseMs } = this.settings;
+      const { rows } = await client.query(this.plans.ackThrough, [
+        name,
+        partition,
+        this.owner,
+        version,
+        messages[handled - 1]!.position,
+        handled,
+        leaseMs,
+      ]);
+      if (rows[0].handled === null) {
+        this.lostSubscription();
+        return { kind: 'lost' };
+      }
+    }
+    if (e.transient) {
+      this.settings.onError?.(
+        new OrdoError('handler_failed', `subscription '${this.settings.name}': ${e.message}`, {
+          cause: e.cause,
+        }),
+      );
+      return { kind: 'failed', retryInMs: Math.max(this.retryDelay(++this.outages), e.retryAfterMs) };
+    }
+    if (handled > 0) return { kind: 'failed', retryInMs: 0 };
+    return this.failed(client, e.cause, messages, version);
   }
 
   /** Hands the batch back: split it, retry it later, park its message, or give up. */

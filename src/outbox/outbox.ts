@@ -29,6 +29,7 @@ import {
   toMessage,
 } from './messages.js';
 import type { OutboxPlans } from './plans.js';
+import { type Relay, type RelayOptions, type RelayStatus, relayStatus, startRelay } from './relays/relay.js';
 import { PartitionRunner } from './runner.js';
 
 export interface AppendOptions {
@@ -251,6 +252,46 @@ export class Outbox {
       stop: () => consumer.stop(),
       lag: () => this.lag(name),
     };
+  }
+
+  /**
+   * Starts a relay: a subscription (`name`, created on first use) whose handler publishes each
+   * message to a broker and moves on only once the broker confirmed it. Options as subscribe()'s,
+   * with `to: { nats | rabbitmq | redis | mqtt | webhook: { … } }` in place of the handler.
+   */
+  async relay(options: RelayOptions): Promise<Relay> {
+    this.ensureOpen();
+    return startRelay(options, {
+      subscribe: (o) => this.subscribe(o),
+      lag: (name) => this.lag(name),
+      started: async (name, broker, target) => {
+        await this.run(this.plans.relayStarted, [name, broker, target]);
+      },
+      failed: async (name, error) => {
+        await this.run(this.plans.relayFailed, [name, error]);
+      },
+    });
+  }
+
+  /**
+   * Every relay of the database, wherever it runs: where it publishes, how far behind it is,
+   * and its last failure. 'running' while a process holds one of its partitions and its last
+   * failure is older than its last checkpoint; 'failing' when it is not; 'stopped' when no
+   * process holds a partition.
+   */
+  async relays(): Promise<RelayStatus[]> {
+    this.ensureOpen();
+    const { rows } = await this.run(this.plans.relays, []);
+    const out: RelayStatus[] = [];
+    for (const r of rows) {
+      const lag = await this.lag(r.name).catch((e: unknown) => {
+        // Removed between the two reads: not a relay any more.
+        if (e instanceof OrdoError && e.code === 'subscription_not_found') return undefined;
+        throw e;
+      });
+      if (lag) out.push(relayStatus(r, lag));
+    }
+    return out;
   }
 
   /**

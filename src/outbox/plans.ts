@@ -52,6 +52,8 @@ export function outboxPlans(schema: string) {
      * if the handler wrote in it.
      */
     ackHandled: `SELECT ${s}.ack_handled($1, $2, $3, $4::bigint, $5) AS handled`,
+    /** Past the first messages of a batch only (a relay whose broker confirmed a prefix). */
+    ackThrough: `SELECT ${s}.ack_through($1, $2, $3, $4::bigint, $5, $6, $7) AS handled`,
     nack: `SELECT outcome, attempts FROM ${s}.nack($1, $2, $3, $4::bigint, $5, $6, $7, $8, $9)`,
     /** The same for a receipt (HTTP): refused once its lease has lapsed, even if nobody took it. */
     nackReceipt: `SELECT outcome, attempts FROM ${s}.nack($1, $2, $3, $4::bigint, $5, $6, $7, $8, $9, true)`,
@@ -69,6 +71,12 @@ export function outboxPlans(schema: string) {
     deadLettersNewest: `SELECT ${message}, attempts, error, parked_at
       FROM ${s}.dead_letters WHERE subscription = $1 ORDER BY parked_at DESC, position DESC LIMIT $2`,
     prune: `SELECT ${s}.prune($1::interval, $2) AS deleted`,
+    /** A relay starting: where it publishes; a new start clears the error of the last one. */
+    relayStarted: `INSERT INTO ${s}.relays (name, broker, target) VALUES ($1, $2, $3)
+      ON CONFLICT (name) DO UPDATE SET broker = EXCLUDED.broker, target = EXCLUDED.target, started_at = now(),
+        last_error = NULL, last_error_at = NULL`,
+    relayFailed: `UPDATE ${s}.relays SET last_error = left($2, 2000), last_error_at = now() WHERE name = $1`,
+    relays: `SELECT name, broker, target, started_at, last_error, last_error_at FROM ${s}.relays ORDER BY name`,
   };
 }
 
