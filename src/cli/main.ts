@@ -107,10 +107,12 @@ const COMMANDS: Record<string, Command> = {
       }
       // Finds out now, not at the first subscription, whether notifications arrive (a pooler).
       void ordo.notifications().catch(() => undefined);
+      // Heard from now on: a SIGTERM while the relays start stops them once started.
+      const stopping = stopSignal();
       const relays = await startRelays(ordo, relaysFrom(flags.relays as string | undefined), (m) =>
         app.log.info(m),
       );
-      const signal = await stopSignal();
+      const signal = await stopping;
       app.log.info({ signal }, 'stopping: finishing requests and relays in flight');
       // No new connections; requests in flight are answered (each answered number was committed),
       // and each relay's batches in flight are confirmed or handed back.
@@ -130,9 +132,10 @@ const COMMANDS: Record<string, Command> = {
       relaysFrom(args[0]);
     },
     async run(ordo, args) {
+      const stopping = stopSignal();
       const relays = await startRelays(ordo, relaysFrom(args[0]), (m) => console.error(`ordo: ${m}`));
       const ended = Promise.all(relays.map((r) => r.done)).then(() => 'ended' as const);
-      const how = await Promise.race([stopSignal(), ended]);
+      const how = await Promise.race([stopping, ended]);
       if (how === 'ended') {
         console.error('ordo: every relay stopped');
         return 1;

@@ -13,6 +13,7 @@ import {
   OUTBOX_NAME_PATTERN,
   type Ordo,
   type ReceiveOptions,
+  RELAY_BROKERS,
 } from '../index.js';
 import { ERROR } from './schemas.js';
 
@@ -79,6 +80,22 @@ const LAG = {
     deadLettered: { type: 'integer', description: 'messages parked in dead letters' },
     checkpointedAt: DATE,
     partitions: { type: 'array', items: PARTITION_LAG },
+  },
+} as const;
+const RELAY = {
+  type: 'object',
+  properties: {
+    ...LAG.properties,
+    broker: { type: 'string', enum: RELAY_BROKERS },
+    target: { type: 'string', description: 'where it publishes, without secrets' },
+    state: {
+      type: 'string',
+      enum: ['running', 'failing', 'stopped'],
+      description: 'running: a process holds a partition and nothing failed since the last checkpoint',
+    },
+    startedAt: DATE,
+    lastRelayError: { type: ['string', 'null'], description: 'the last failure its process met' },
+    lastRelayErrorAt: DATE,
   },
 } as const;
 const DURATION = {
@@ -161,6 +178,18 @@ export function outboxRoutes(app: FastifyInstance, ordo: Ordo): void {
     '/v1/subscriptions',
     { config: { scope: 'read' }, schema: { response: { ...errors, 200: { type: 'array', items: LAG } } } },
     async () => ordo.outbox.subscriptions(),
+  );
+
+  app.get(
+    '/v1/relays',
+    {
+      config: { scope: 'read' },
+      schema: {
+        summary: 'Every relay of the database, wherever it runs: broker, state, lag and last error',
+        response: { ...errors, 200: { type: 'array', items: RELAY } },
+      },
+    },
+    async () => ordo.outbox.relays(),
   );
 
   app.get<{ Params: { name: string } }>(

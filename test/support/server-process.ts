@@ -104,6 +104,21 @@ export async function runCli(
   }
 }
 
+/** `ordo <args>` left running: the child to signal, its exit, and what it wrote so far. */
+export function startCli(
+  args: string[],
+  options: ChildOptions = {},
+): { child: ChildProcess; exited: Promise<Exit>; output(): string } {
+  const { child, exited } = launch(args, options);
+  let output = '';
+  const hear = (chunk: Buffer) => {
+    output += chunk.toString();
+  };
+  child.stdout!.on('data', hear);
+  child.stderr!.on('data', hear);
+  return { child, exited, output: () => output };
+}
+
 /** A short CLI command run to its end, synchronously: for commands that print and exit. */
 export function runCliSync(
   args: string[],

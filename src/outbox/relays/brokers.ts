@@ -27,3 +27,6 @@ export interface Broker<C> {
 export type RelayBroker = 'nats' | 'rabbitmq' | 'redis' | 'mqtt' | 'webhook';
 
 export const BROKERS: { readonly [B in RelayBroker]: Broker<any> } = { nats, rabbitmq, redis, mqtt, webhook };
+
+/** The brokers a relay may publish to, as `to` names them. */
+export const RELAY_BROKERS = Object.keys(BROKERS) as RelayBroker[];

@@ -4,7 +4,7 @@ import { BatchInterrupted, type HandlerContext, type SubscriptionEnd } from '../
 import type { SubscriptionLag } from '../lag.js';
 import type { OutboxMessage } from '../messages.js';
 import type { SubscribeOptions, Subscription } from '../outbox.js';
-import { BROKERS, type Broker, type RelayBroker } from './brokers.js';
+import { BROKERS, type Broker, RELAY_BROKERS, type RelayBroker } from './brokers.js';
 import { parseTemplate, type Template, toRelayMessage } from './envelope.js';
 import { type Publisher, Refused, Unavailable } from './publisher.js';
 
@@ -101,7 +101,7 @@ export function relayTarget(to: unknown): { broker: Broker<any>; config: unknown
   const names = Object.keys(target);
   if (names.length !== 1 || !(names[0]! in BROKERS)) {
     throw invalid(
-      `to must name exactly one broker: { ${Object.keys(BROKERS).join(' | ')}: { … } } (got ${describe(names.join(', ') || to)})`,
+      `to must name exactly one broker: { ${RELAY_BROKERS.join(' | ')}: { … } } (got ${describe(names.join(', ') || to)})`,
     );
   }
   const broker = BROKERS[names[0] as RelayBroker];
@@ -273,7 +273,7 @@ export interface RelayHost {
 export async function startRelay(options: unknown, outbox: RelayHost): Promise<Relay> {
   const o = plainObject('relay options', options);
   knownKeys('relay options', o, RELAY_KEYS);
-  if (o.to === undefined) throw invalid(`a relay needs to: { ${Object.keys(BROKERS).join(' | ')}: { … } }`);
+  if (o.to === undefined) throw invalid(`a relay needs to: { ${RELAY_BROKERS.join(' | ')}: { … } }`);
   const target = relayTarget(o.to);
   const runner = new RelayRunner(o, target, outbox);
   // The client library is loaded now: a missing one is refused here, not at the first message.

@@ -1,0 +1,350 @@
+// Relays under faults (issue 43), against a broker of the file's own (it is stopped mid-run):
+// a relay process killed with SIGKILL mid-run and started again, the broker stopped for 10 s
+// while writers go on, a relay stopped with stop() while it publishes. Every committed message
+// arrives, no rolled-back one, each key's first arrivals in commit order; a broker that drops
+// repeats by id (JetStream's Nats-Msg-Id) gets none at all, another only repeats of what was in
+// flight at the kill, with the same id. Each broker is an entry of CASES.
+import { type ChildProcess, spawn } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
+import { connect } from '@nats-io/transport-node';
+import { jetstream, jetstreamManager } from '@nats-io/jetstream';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrdo, type Ordo, type RelayOptions, type RelayTarget } from '../src/index.js';
+import { type BrokerKind, type BrokerServer, brokerServer } from './support/broker-servers.js';
+import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
+import { type Arrival, appendLoad, checkArrivals, type Committed, uniqueName } from './support/relay-load.js';
+import { until } from './support/until.js';
+
+const ROOT = fileURLToPath(new URL('../', import.meta.url));
+/** How long the broker stays away in the outage test. */
+const OUTAGE_MS = 10_000;
+
+/** Where one test's messages go on a broker, and how the test reads back what arrived. */
+interface Destination {
+  to: RelayTarget;
+  /** Everything the broker stored, in the order it stored it. */
+  arrivals(): Promise<Arrival[]>;
+}
+
+/** A broker of the fault tests: add one by an entry here. */
+interface BrokerCase {
+  kind: BrokerKind;
+  /** The broker drops a message whose id it already stored: then nothing arrives twice, even after a crash. */
+  dropsRepeats: boolean;
+  /** A destination of its own for one test, on the file's server. */
+  destination(server: BrokerServer): Promise<Destination>;
+}
+
+const CASES: BrokerCase[] = [
+  {
+    kind: 'nats',
+    dropsRepeats: true,
+    async destination(server) {
+      const subject = uniqueName('faults');
+      const stream = subject.toUpperCase();
+      const nc = await connect({ servers: server.url });
+      try {
+        // File storage (the default), in the server's store folder: it outlives the restart.
+        await (await jetstreamManager(nc)).streams.add({ name: stream, subjects: [`${subject}.>`] });
+      } finally {
+        await nc.close();
+      }
+      return {
+        // A PubAck that does not come within a second means the server is away.
+        to: { nats: { servers: server.url, subject: `${subject}.{partition}`, timeout: 1000 } },
+        arrivals: () => natsArrivals(server.url, stream),
+      };
+    },
+  },
+];
+
+async function natsArrivals(url: string, stream: string): Promise<Arrival[]> {
+  const nc = await connect({ servers: url });
+  try {
+    const { state } = await (await jetstreamManager(nc)).streams.info(stream);
+    const consumer = await jetstream(nc).consumers.get(stream);
+    const out: Arrival[] = [];
+    while (out.length < state.messages) {
+      const before = out.length;
+      const batch = await consumer.fetch({ max_messages: state.messages - out.length, expires: 5000 });
+      for await (const m of batch) {
+        const headers: Record<string, string> = {};
+        for (const [k] of m.headers!) headers[k] = m.headers!.get(k);
+        out.push({ id: m.headers!.get('Nats-Msg-Id'), data: m.json(), headers });
+      }
+      if (out.length === before) throw new Error(`read ${out.length} of ${state.messages} messages of ${stream}`);
+    }
+    return out;
+  } finally {
+    await nc.close();
+  }
+}
+
+/** Writers appending until stopped, so that the load spans what the test does meanwhile. */
+interface Load {
+  /** Ends after the round under way; resolves with every committed message. */
+  stop(): Promise<Committed[]>;
+  /** An arrival labelled and numbered as stop() labels and numbers what committed. */
+  relabel(a: Arrival): Arrival;
+}
+
+/**
+ * appendLoad() in rounds (8 writers, 50 keys, a fifth of the transactions rolled back) until
+ * stopped. A round starts once the one before committed, so commit order per key runs across
+ * rounds: each message's type names its round (it arrives as ce-type), its label gets the
+ * round, and each key's seq counts on from the rounds before.
+ */
+function keepAppending(ordo: Ordo, topic: string): Load {
+  let stopping = false;
+  const committed: Committed[] = [];
+  // Zero for keys no round wrote yet.
+  const counts = new Map(Array.from({ length: 50 }, (_, k) => [`key-${k}`, 0]));
+  /** Per round, the messages each key committed in the rounds before it. */
+  const before = new Map<string, Map<string, number>>();
+  const running = (async () => {
+    for (let r = 1; !stopping; r++) {
+      const round = `round-${r}`;
+      before.set(round, new Map(counts));
+      for (const m of await appendLoad(ordo, topic, { perWriter: 5, type: () => round })) {
+        committed.push({ key: m.key, seq: before.get(round)!.get(m.key)! + m.seq, label: `${m.label}@${round}` });
+        counts.set(m.key, (counts.get(m.key) ?? 0) + 1);
+      }
+      await sleep(50);
+    }
+  })();
+  return {
+    async stop() {
+      stopping = true;
+      await running;
+      return committed;
+    },
+    relabel(a) {
+      const round = a.headers['ce-type'] ?? '';
+      const seq = a.data.seq > 0 ? (before.get(round)?.get(a.data.key) ?? 0) + a.data.seq : a.data.seq;
+      return { ...a, data: { ...a.data, seq, label: `${a.data.label}@${round}` } };
+    },
+  };
+}
+
+/** A relay in a process of its own (test/support/relay-process.ts). */
+interface RelayProcess {
+  child: ChildProcess;
+  ready: Promise<void>;
+  /** Resolves once the process reported at least `n` messages confirmed by the broker. */
+  delivered(n: number, ms?: number): Promise<void>;
+  /** The exit code (null when killed by a signal). */
+  exited: Promise<number | null>;
+  output(): string;
+}
+
+let server: OwnPostgres;
+let ordo: Ordo;
+const children = new Set<ChildProcess>();
+
+beforeAll(async () => {
+  server = await ownPostgres();
+  ordo = await createOrdo({ databaseUrl: server.url });
+});
+afterAll(async () => {
+  for (const c of children) c.kill('SIGKILL');
+  await ordo?.close();
+  await server?.stop();
+});
+
+function relayProcess(options: RelayOptions): RelayProcess {
+  const child = spawn(
+    process.execPath,
+    ['--import', 'tsx', 'test/support/relay-process.ts', server.url, JSON.stringify(options)],
+    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  children.add(child);
+  let output = '';
+  let delivered = 0;
+  child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString()));
+  const exited = new Promise<number | null>((resolve) =>
+    child.once('close', (code) => {
+      children.delete(child);
+      resolve(code);
+    }),
+  );
+  const ready = new Promise<void>((resolve, reject) => {
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      output += `${line}\n`;
+      if (line === 'ready') resolve();
+      if (line.startsWith('delivered ')) delivered = Number(line.slice('delivered '.length));
+    });
+    void exited.then(() => reject(new Error(`the relay process exited before it was ready:\n${output}`)));
+  });
+  return {
+    child,
+    ready,
+    exited,
+    output: () => output,
+    async delivered(n, ms = 15_000) {
+      await until(`the relay process delivered ${n} (it said:\n${output.slice(-2000)})`, () => delivered >= n, ms);
+    },
+  };
+}
+
+describe.each(CASES)('a relay to $kind under faults', (c) => {
+  let broker: BrokerServer;
+
+  beforeAll(async () => {
+    broker = await brokerServer(c.kind);
+  });
+  afterAll(async () => {
+    await broker?.remove();
+  });
+
+  it('a relay process killed with SIGKILL mid-run and started again: every committed message, in commit order per key', async () => {
+    const destination = await c.destination(broker);
+    const topic = uniqueName('t');
+    const options: RelayOptions = {
+      name: uniqueName('killed'),
+      topic,
+      partitions: 4,
+      batchSize: 100,
+      // The killed process's partitions pass on once their leases lapse.
+      lease: '1s',
+      retryDelay: '50ms',
+      maxRetryDelay: '500ms',
+      to: destination.to,
+    };
+    const first = relayProcess(options);
+    await first.ready;
+    const load = keepAppending(ordo, topic);
+    let committed: Committed[] = [];
+    try {
+      await first.delivered(300);
+      first.child.kill('SIGKILL');
+      expect(await first.exited).toBe(null);
+      const second = relayProcess(options);
+      await second.ready;
+      await second.delivered(300);
+      committed = await load.stop();
+      await until(
+        'the second relay process delivered everything',
+        async () => (await ordo.outbox.lag(options.name)).messagesBehind === 0,
+        30_000,
+      );
+      // SIGTERM: the relay finishes what is in flight, gives its partitions up and exits 0.
+      second.child.kill('SIGTERM');
+      expect(await second.exited, second.output()).toBe(0);
+    } finally {
+      await load.stop();
+    }
+
+    const lag = await ordo.outbox.lag(options.name);
+    expect(lag.partitions.map((p) => p.owner)).toEqual([null, null, null, null]);
+    expect(lag).toMatchObject({ messagesBehind: 0, attempts: 0, deadLettered: 0 });
+    // The kill landed while batches were handed out and not yet acknowledged.
+    expect(lag.redelivered).toBeGreaterThan(0);
+    const repeats = checkArrivals((await destination.arrivals()).map(load.relabel), committed);
+    // Repeats only of messages handed out again: those in flight at the kill.
+    expect(repeats).toBeLessThanOrEqual(c.dropsRepeats ? 0 : lag.redelivered);
+  });
+
+  it('the broker stopped for 10 s mid-run and started again: lag grows, the relay resumes by itself, nothing lost, nothing parked', async () => {
+    const destination = await c.destination(broker);
+    const topic = uniqueName('t');
+    const name = uniqueName('outage');
+    const relay = await ordo.outbox.relay({
+      name,
+      topic,
+      partitions: 4,
+      batchSize: 100,
+      // A low ceiling of the back-off, so that the relay is back soon after the broker.
+      retryDelay: '100ms',
+      maxRetryDelay: '1s',
+      to: destination.to,
+    });
+    const load = keepAppending(ordo, topic);
+    let committed: Committed[] = [];
+    try {
+      await until('the relay delivered', () => relay.state().delivered >= 200);
+      await broker.stop();
+      const stoppedAt = performance.now();
+
+      await until('the relay failing', () => relay.state().state === 'failing', OUTAGE_MS / 2);
+      expect(relay.state().lastError).not.toBeNull();
+      await until('messages waiting', async () => (await relay.lag()).messagesBehind > 0, OUTAGE_MS / 2);
+      await until(
+        'the relays table showing the failure',
+        async () => {
+          const status = (await ordo.outbox.relays()).find((r) => r.name === name);
+          return status?.state === 'failing' && status.lastRelayError !== null;
+        },
+        OUTAGE_MS / 2,
+      );
+      await sleep(OUTAGE_MS - (performance.now() - stoppedAt));
+      // All along the outage: retried without counting, so nothing is parked, however long it lasts.
+      const down = await relay.lag();
+      expect(relay.state().state).toBe('failing');
+      expect(down.messagesBehind).toBeGreaterThan(0);
+      expect(down).toMatchObject({ attempts: 0, deadLettered: 0 });
+      const deliveredBefore = relay.state().delivered;
+
+      await broker.start();
+      await until(
+        'the relay delivering again by itself',
+        () => relay.state().state === 'running' && relay.state().delivered > deliveredBefore,
+        10_000,
+      );
+      await sleep(500);
+      committed = await load.stop();
+      await until('the relay caught up', async () => (await relay.lag()).messagesBehind === 0, 20_000);
+    } finally {
+      await load.stop();
+      await relay.stop();
+      if (!broker.running) await broker.start();
+    }
+
+    expect(await ordo.outbox.deadLetters(name)).toEqual([]);
+    const status = (await ordo.outbox.relays()).find((r) => r.name === name)!;
+    expect(status).toMatchObject({ messagesBehind: 0, attempts: 0, deadLettered: 0 });
+    // Its last failure is still shown, older than its last checkpoint.
+    expect(status.lastRelayError).not.toBeNull();
+    const repeats = checkArrivals((await destination.arrivals()).map(load.relabel), committed);
+    if (c.dropsRepeats) expect(repeats).toBe(0);
+  });
+
+  it('a relay stopped with stop() finishes the publishes in flight: nothing leased, nothing published past its checkpoint', async () => {
+    const destination = await c.destination(broker);
+    const topic = uniqueName('t');
+    const committed = await appendLoad(ordo, topic, { perWriter: 50 });
+    const options: RelayOptions = {
+      name: uniqueName('stopped'),
+      topic,
+      partitions: 4,
+      batchSize: 20,
+      // One publish at a time: batches take long enough for stop() to land in the middle of some.
+      window: 1,
+      to: destination.to,
+    };
+    const relay = await ordo.outbox.relay(options);
+    while (relay.state().delivered === 0) await sleep(1);
+    const deliveredAtStop = relay.state().delivered;
+    const end = await relay.stop();
+    expect(end.reason).toBe('stopped');
+
+    const lag = await relay.lag();
+    expect(lag.partitions.map((p) => p.owner)).toEqual([null, null, null, null]);
+    // Stopped mid-run, and the batches under way at stop() were finished, not given up.
+    expect(lag.delivered).toBeLessThan(committed.length);
+    expect(relay.state()).toMatchObject({ state: 'stopped', delivered: lag.delivered });
+    expect(lag.delivered).toBeGreaterThan(deliveredAtStop);
+    // Whatever reached the broker is behind the checkpoint: nothing half-published is left to send again.
+    expect(await destination.arrivals()).toHaveLength(lag.delivered);
+
+    // Started again, the relay delivers the rest once.
+    const again = await ordo.outbox.relay(options);
+    try {
+      await until('the relay caught up', async () => (await again.lag()).messagesBehind === 0, 20_000);
+    } finally {
+      await again.stop();
+    }
+    expect(checkArrivals(await destination.arrivals(), committed)).toBe(0);
+  });
+});

@@ -1,0 +1,301 @@
+// A relay to Redis Streams (the machine's redis-server, and one of this file's own that it stops):
+// every committed message is an entry of the stream, in commit order per key, with its id and
+// CloudEvents attributes; a message whose stream key holds a string is parked and the others go
+// on; a server away at the start or killed mid-run loses nothing; bad configuration is refused.
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createClient } from 'redis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
+import { redis } from '../src/outbox/relays/redis.js';
+import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
+import {
+  type Arrival,
+  appendLoad,
+  checkArrivals,
+  expectCloudEvents,
+  uniqueName,
+} from './support/relay-load.js';
+import { until } from './support/until.js';
+
+const REDIS = 'redis://127.0.0.1:6379';
+const TRACEPARENT = `00-${'a'.repeat(32)}-${'b'.repeat(16)}-01`;
+let server: OwnPostgres;
+let ordo: Ordo;
+const client = createClient({ url: REDIS });
+const keys: string[] = [];
+
+beforeAll(async () => {
+  server = await ownPostgres();
+  ordo = await createOrdo({ databaseUrl: server.url });
+  client.on('error', () => undefined);
+  await client.connect();
+});
+afterAll(async () => {
+  await ordo?.close();
+  if (keys.length > 0) await client.del(keys).catch(() => undefined);
+  if (client.isOpen) client.destroy();
+  await server?.stop();
+});
+
+function key(prefix: string): string {
+  const name = uniqueName(prefix);
+  keys.push(name);
+  return name;
+}
+
+/** The stream's entries as the relay wrote them, checked field by field. */
+async function arrivals(stream: string, from = client): Promise<Arrival[]> {
+  const entries = await from.xRange(stream, '-', '+');
+  return entries.map(({ message }) => {
+    expect(Object.keys(message).sort()).toEqual(
+      [...(message.key === undefined ? [] : ['key']), 'data', 'headers', 'id', 'type'].sort(),
+    );
+    const data = JSON.parse(message.data!) as Arrival['data'];
+    expect(message.key).toBe(data.key);
+    const headers = JSON.parse(message.headers!) as Record<string, string>;
+    expect(headers['ce-type']).toBe(message.type);
+    return { id: message.id!, data, headers };
+  });
+}
+
+async function freePort(): Promise<number> {
+  const probe = createServer();
+  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
+  const { port } = probe.address() as { port: number };
+  await new Promise((resolve) => probe.close(resolve));
+  return port;
+}
+
+/**
+ * A redis-server of this test's own. appendfsync always: an XADD is on disk before it is
+ * answered, so a SIGKILL loses nothing the relay counted as delivered.
+ */
+async function startRedis(port: number, dir: string): Promise<ChildProcess> {
+  const child = spawn(
+    'redis-server',
+    [
+      ...['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', ''],
+      ...['--appendonly', 'yes', '--appendfsync', 'always'],
+    ],
+    { stdio: 'ignore' },
+  );
+  await until(
+    'the own redis-server answers',
+    async () => {
+      const probe = createClient({ url: `redis://127.0.0.1:${port}`, socket: { reconnectStrategy: false } });
+      probe.on('error', () => undefined);
+      try {
+        await probe.connect();
+        probe.destroy();
+        return true;
+      } catch {
+        return false;
+      }
+    },
+    10_000,
+  );
+  return child;
+}
+
+async function kill(child: ChildProcess): Promise<void> {
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  child.kill('SIGKILL');
+  await exited;
+}
+
+describe('relay to Redis Streams', () => {
+  it('adds every committed message once, in commit order per key, with its id and CloudEvents attributes', async () => {
+    const stream = key('orders');
+    const topic = uniqueName('t');
+    const relay = await ordo.outbox.relay({
+      name: uniqueName('to_redis'),
+      topic,
+      partitions: 4,
+      to: { redis: { url: REDIS, stream, maxLen: 1_000_000 } },
+    });
+    try {
+      const committed = await appendLoad(ordo, topic);
+      await until('the relay caught up', async () => (await relay.lag()).messagesBehind === 0, 30_000);
+      const got = await arrivals(stream);
+      expect(checkArrivals(got, committed)).toBe(0);
+      for (const a of got) expectCloudEvents(a, topic);
+      expect(new Set(got.map((a) => a.id)).size).toBe(got.length);
+      expect(relay.state()).toMatchObject({ broker: 'redis', state: 'running', delivered: committed.length });
+    } finally {
+      await relay.stop();
+    }
+  });
+
+  it('parks a message whose stream key holds a string (WRONGTYPE) after maxAttempts, and delivers the others', async () => {
+    const good = key('good');
+    const bad = key('bad');
+    await client.set(bad, 'not a stream');
+    const topic = uniqueName('t');
+    const relayName = uniqueName('refused');
+    const relay = await ordo.outbox.relay({
+      name: relayName,
+      topic,
+      maxAttempts: 2,
+      retryDelay: '10ms',
+      to: { redis: { url: REDIS, stream: '{type}' } },
+    });
+    try {
+      await ordo.outbox.append(topic, [
+        { type: good, key: 'a', data: { key: 'a', seq: 1, label: 'first' } },
+        { type: bad, key: 'a', data: { key: 'a', seq: 2, label: 'refused' } },
+        { type: good, data: { key: 'a', seq: 3, label: 'last' } },
+      ]);
+      await until(
+        'the relay went past the refused message',
+        async () => (await relay.lag()).messagesBehind === 0,
+        20_000,
+      );
+      const got = await arrivals(good);
+      expect(got.map((a) => a.data.label)).toEqual(['first', 'last']);
+      // A message without a key has no key field, rather than an empty one.
+      expect((await client.xRange(good, '-', '+')).map((e) => e.message.key)).toEqual(['a', undefined]);
+      expect(await client.get(bad)).toBe('not a stream');
+      const parked = await ordo.outbox.deadLetters(relayName);
+      expect(parked.map((d) => [(d.data as { label: string }).label, d.attempts])).toEqual([['refused', 2]]);
+      expect(parked[0]!.error).toMatch(/Redis refused the XADD to bad_\w+: WRONGTYPE/);
+    } finally {
+      await relay.stop();
+    }
+  });
+
+  it('trims the stream to about maxLen entries', async () => {
+    const stream = key('trimmed');
+    const topic = uniqueName('t');
+    const relay = await ordo.outbox.relay({
+      name: uniqueName('trim'),
+      topic,
+      to: { redis: { url: REDIS, stream, maxLen: 10 } },
+    });
+    try {
+      const messages = Array.from({ length: 500 }, (_, i) => ({
+        type: 'placed',
+        key: 'k',
+        data: { key: 'k', seq: i + 1, label: `m${i}` },
+      }));
+      await ordo.outbox.append(topic, messages);
+      await until('the relay caught up', async () => (await relay.lag()).messagesBehind === 0, 20_000);
+      // Approximate trimming removes whole nodes of the stream: fewer than were added, at least maxLen.
+      const length = await client.xLen(stream);
+      expect(length).toBeGreaterThanOrEqual(10);
+      expect(length).toBeLessThan(500);
+      const last = await client.xRevRange(stream, '+', '-', { COUNT: 1 });
+      expect(JSON.parse(last[0]!.message.data!)).toMatchObject({ label: 'm499' });
+    } finally {
+      await relay.stop();
+    }
+  });
+
+  it('a server away at the start, then killed mid-run: retried without counting attempts, nothing lost', async () => {
+    const port = await freePort();
+    const dir = await mkdtemp(join(tmpdir(), 'ordo-redis-'));
+    const url = `redis://127.0.0.1:${port}`;
+    const stream = uniqueName('orders');
+    const topic = uniqueName('t');
+    const relayName = uniqueName('away');
+    // maxAttempts 1: a failure counted as an attempt would park the message at once.
+    const relay = await ordo.outbox.relay({
+      name: relayName,
+      topic,
+      partitions: 4,
+      maxAttempts: 1,
+      retryDelay: '20ms',
+      maxRetryDelay: '200ms',
+      to: { redis: { url, stream, timeout: 1000 } },
+    });
+    let own: ChildProcess | undefined;
+    try {
+      const early = { key: 'early', seq: 1, label: 'c-early' };
+      await ordo.outbox.append(topic, [
+        { type: 'placed', key: early.key, data: early, headers: { traceparent: TRACEPARENT } },
+      ]);
+      await until('the relay reports the server away', () => relay.state().state === 'failing', 10_000);
+      expect(relay.state().lastError).toMatch(/ECONNREFUSED/);
+      expect(await relay.lag()).toMatchObject({ messagesBehind: 1, attempts: 0 });
+      own = await startRedis(port, dir);
+      await until('the early message arrived', () => relay.state().delivered === 1, 10_000);
+
+      // Killed while writers append: what was confirmed is on disk; the rest is sent again.
+      const writing = appendLoad(ordo, topic, { perWriter: 60 });
+      await until('the relay is delivering the load', () => relay.state().delivered > 100, 20_000);
+      await kill(own);
+      own = undefined;
+      const committed = await writing;
+      await until('the relay met the server gone', () => relay.state().state === 'failing', 10_000);
+      own = await startRedis(port, dir);
+      await until('the relay caught up', async () => (await relay.lag()).messagesBehind === 0, 30_000);
+
+      const reader = createClient({ url });
+      reader.on('error', () => undefined);
+      await reader.connect();
+      try {
+        const got = await arrivals(stream, reader as typeof client);
+        // Only what was in flight at the kill may arrive twice, with the same id (checked there).
+        expect(checkArrivals(got, [early, ...committed])).toBeLessThanOrEqual(4 * redis.window);
+        for (const a of got) expectCloudEvents(a, topic);
+      } finally {
+        reader.destroy();
+      }
+      expect(await ordo.outbox.deadLetters(relayName)).toEqual([]);
+    } finally {
+      await relay.stop();
+      if (own) await kill(own);
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('refuses bad configuration when the relay is created, saying what to change', async () => {
+    const topic = uniqueName('t');
+    const refused = async (to: unknown, ...expected: (string | RegExp)[]) => {
+      const e = await ordo.outbox.relay({ name: uniqueName('bad'), topic, to: to as never }).then(
+        () => undefined,
+        (err: unknown) => err,
+      );
+      expect(e).toBeInstanceOf(OrdoError);
+      expect((e as OrdoError).code).toBe('invalid_argument');
+      for (const x of expected) expect((e as OrdoError).message).toMatch(x);
+    };
+    await refused(
+      { redis: { url: 'http://127.0.0.1:6379', stream: 's' } },
+      /to\.redis\.url must start with redis: or rediss:/,
+    );
+    await refused({ redis: { url: '127.0.0.1:6379', stream: 's' } }, /to\.redis\.url must/);
+    await refused({ redis: { url: 'redis://127.0.0.1:6379/orders', stream: 's' } }, /database number/);
+    await refused({ redis: { url: REDIS } }, /to\.redis\.stream must be a non-empty string/);
+    await refused({ redis: { url: REDIS, stream: '' } }, /to\.redis\.stream must be a non-empty string/);
+    await refused(
+      { redis: { url: REDIS, stream: 'orders:{tenant}' } },
+      /to\.redis\.stream: \{tenant\} is not a field/,
+    );
+    await refused(
+      { redis: { url: REDIS, stream: 's', maxLen: 0 } },
+      /to\.redis\.maxLen must be a whole number from 1/,
+    );
+    await refused({ redis: { url: REDIS, stream: 's', maxLen: '100' } }, /to\.redis\.maxLen/);
+    await refused(
+      { redis: { url: REDIS, stream: 's', timeout: 'soon' } },
+      /to\.redis\.timeout must be a number of milliseconds/,
+    );
+    await refused({ redis: { url: REDIS, stream: 's', key: 'x' } }, /to\.redis has no option 'key'/);
+    expect((await ordo.outbox.subscriptions()).filter((s) => s.topic === topic)).toEqual([]);
+  });
+
+  it('describes its target without the password', () => {
+    const config = redis.check({
+      url: 'redis://user:s3cret@127.0.0.1:6379/2',
+      stream: 'orders:{type}',
+      maxLen: 5,
+    });
+    const shown = redis.describe(config);
+    expect(shown).not.toContain('s3cret');
+    expect(shown).toBe('redis redis://user:***@127.0.0.1:6379/2 stream orders:{type} maxLen ~5');
+  });
+});
