@@ -26,6 +26,8 @@ interface Destination {
   to: RelayTarget;
   /** Everything the broker stored, in the order it stored it. */
   arrivals(): Promise<Arrival[]>;
+  /** How many messages the broker stored (a cheap look, while a relay runs). */
+  count(): Promise<number>;
 }
 
 /** A broker of the fault tests: add one by an entry here. */
@@ -55,6 +57,14 @@ const CASES: BrokerCase[] = [
         // A PubAck that does not come within a second means the server is away.
         to: { nats: { servers: server.url, subject: `${subject}.{partition}`, timeout: 1000 } },
         arrivals: () => natsArrivals(server.url, stream),
+        async count() {
+          const nc = await connect({ servers: server.url });
+          try {
+            return (await (await jetstreamManager(nc)).streams.info(stream)).state.messages;
+          } finally {
+            await nc.close();
+          }
+        },
       };
     },
   },
@@ -212,18 +222,29 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
       maxRetryDelay: '500ms',
       to: destination.to,
     };
-    const first = relayProcess(options);
-    await first.ready;
+    const T0 = performance.now();
+    // A backlog first, so that the relay is busy publishing when it is killed.
+    await ordo.outbox.createSubscription({ name: options.name, topic, partitions: 4 });
     const load = keepAppending(ordo, topic);
     let committed: Committed[] = [];
     try {
+      await until('a backlog', async () => (await ordo.outbox.lag(options.name)).messagesBehind >= 1000);
+      console.log('T', "await until('a backlog'", Math.round(performance.now()-T0));
+      const first = relayProcess(options);
+      await first.ready;
+      console.log('T', 'await first.ready;', Math.round(performance.now()-T0));
       await first.delivered(300);
+      console.log('T', 'await first.delivered(300);', Math.round(performance.now()-T0));
       first.child.kill('SIGKILL');
       expect(await first.exited).toBe(null);
+      console.log('T', 'expect(await first.exited)', Math.round(performance.now()-T0));
       const second = relayProcess(options);
       await second.ready;
+      console.log('T', 'await second.ready;', Math.round(performance.now()-T0));
       await second.delivered(300);
+      console.log('T', 'await second.delivered(300);', Math.round(performance.now()-T0));
       committed = await load.stop();
+      console.log('T', 'committed = await load.stop();', Math.round(performance.now()-T0));
       await until(
         'the second relay process delivered everything',
         async () => (await ordo.outbox.lag(options.name)).messagesBehind === 0,
@@ -231,7 +252,9 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
       );
       // SIGTERM: the relay finishes what is in flight, gives its partitions up and exits 0.
       second.child.kill('SIGTERM');
+      console.log('T', "second.child.kill('SIGTERM');", Math.round(performance.now()-T0));
       expect(await second.exited, second.output()).toBe(0);
+      console.log('T', 'expect(await second.exited, second.output()).toBe(0);', Math.round(performance.now()-T0));
     } finally {
       await load.stop();
     }
@@ -313,28 +336,38 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
   it('a relay stopped with stop() finishes the publishes in flight: nothing leased, nothing published past its checkpoint', async () => {
     const destination = await c.destination(broker);
     const topic = uniqueName('t');
-    const committed = await appendLoad(ordo, topic, { perWriter: 50 });
+    const committed = await appendLoad(ordo, topic, { perWriter: 100 });
     const options: RelayOptions = {
       name: uniqueName('stopped'),
       topic,
       partitions: 4,
-      batchSize: 20,
-      // One publish at a time: batches take long enough for stop() to land in the middle of some.
+      batchSize: 50,
+      // One publish at a time: a batch takes long enough to be caught in the middle.
       window: 1,
       to: destination.to,
     };
     const relay = await ordo.outbox.relay(options);
-    while (relay.state().delivered === 0) await sleep(1);
-    const deliveredAtStop = relay.state().delivered;
+    // Until the broker holds messages of a batch the relay has not finished (delivered counts a
+    // batch once all of it is confirmed, and is read after the broker): stop() lands then.
+    let deliveredAtStop = 0;
+    await until(
+      'a batch in flight',
+      async () => {
+        const stored = await destination.count();
+        deliveredAtStop = relay.state().delivered;
+        return stored > deliveredAtStop;
+      },
+      10_000,
+    );
     const end = await relay.stop();
     expect(end.reason).toBe('stopped');
 
     const lag = await relay.lag();
     expect(lag.partitions.map((p) => p.owner)).toEqual([null, null, null, null]);
-    // Stopped mid-run, and the batches under way at stop() were finished, not given up.
+    // Stopped mid-run, and the batch under way at stop() was finished, not given up.
     expect(lag.delivered).toBeLessThan(committed.length);
-    expect(relay.state()).toMatchObject({ state: 'stopped', delivered: lag.delivered });
     expect(lag.delivered).toBeGreaterThan(deliveredAtStop);
+    expect(relay.state()).toMatchObject({ state: 'stopped', delivered: lag.delivered });
     // Whatever reached the broker is behind the checkpoint: nothing half-published is left to send again.
     expect(await destination.arrivals()).toHaveLength(lag.delivered);
 

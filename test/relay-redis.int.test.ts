@@ -47,16 +47,21 @@ function key(prefix: string): string {
   return name;
 }
 
+/** The fields of a stream's entries, oldest first. */
+async function entries(stream: string, from = client): Promise<Record<string, string>[]> {
+  const list = (await from.xRange(stream, '-', '+')) ?? [];
+  return list.map((e) => ({ ...(e.message as Record<string, string>) }));
+}
+
 /** The stream's entries as the relay wrote them, checked field by field. */
 async function arrivals(stream: string, from = client): Promise<Arrival[]> {
-  const entries = await from.xRange(stream, '-', '+');
-  return entries.map(({ message }) => {
+  return (await entries(stream, from)).map((message) => {
     expect(Object.keys(message).sort()).toEqual(
       [...(message.key === undefined ? [] : ['key']), 'data', 'headers', 'id', 'type'].sort(),
     );
     const data = JSON.parse(message.data!) as Arrival['data'];
-    expect(message.key).toBe(data.key);
     const headers = JSON.parse(message.headers!) as Record<string, string>;
+    expect(message.key ?? null).toBe(headers['ce-subject'] ?? null);
     expect(headers['ce-type']).toBe(message.type);
     return { id: message.id!, data, headers };
   });
@@ -155,9 +160,19 @@ describe('relay to Redis Streams', () => {
         20_000,
       );
       const got = await arrivals(good);
-      expect(got.map((a) => a.data.label)).toEqual(['first', 'last']);
+      // 'last' went out in the same window as the refused message, behind it: the server added it,
+      // and it is sent again (with the same id) on each attempt of the refused one and after the
+      // park, since the checkpoint moves over the confirmed prefix alone. A stream keeps repeats;
+      // its consumers deduplicate on the id field.
+      const ids = new Map<string, string>();
+      for (const a of got) {
+        expect(a.id, `the repeat of ${a.data.label}`).toBe(ids.get(a.data.label) ?? a.id);
+        ids.set(a.data.label, a.id);
+      }
+      expect([...ids.keys()]).toEqual(['first', 'last']);
+      expect(got.length).toBeLessThanOrEqual(1 + 3);
       // A message without a key has no key field, rather than an empty one.
-      expect((await client.xRange(good, '-', '+')).map((e) => e.message.key)).toEqual(['a', undefined]);
+      expect((await entries(good)).map((m) => m.key ?? null)).toEqual(got.map((a) => a.data.label === 'first' ? 'a' : null));
       expect(await client.get(bad)).toBe('not a stream');
       const parked = await ordo.outbox.deadLetters(relayName);
       expect(parked.map((d) => [(d.data as { label: string }).label, d.attempts])).toEqual([['refused', 2]]);
@@ -187,8 +202,8 @@ describe('relay to Redis Streams', () => {
       const length = await client.xLen(stream);
       expect(length).toBeGreaterThanOrEqual(10);
       expect(length).toBeLessThan(500);
-      const last = await client.xRevRange(stream, '+', '-', { COUNT: 1 });
-      expect(JSON.parse(last[0]!.message.data!)).toMatchObject({ label: 'm499' });
+      const last = (await entries(stream)).at(-1)!;
+      expect(JSON.parse(last.data!)).toMatchObject({ label: 'm499' });
     } finally {
       await relay.stop();
     }

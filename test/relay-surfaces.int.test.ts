@@ -95,6 +95,12 @@ describe('ordo relay FILE', () => {
       expect(res.json()).toEqual([
         expect.objectContaining({ name: relay.name, broker: 'nats', state: 'running' }),
       ]);
+      const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+      expect(metrics).toContain(`ordo_relay_state{relay="${relay.name}",broker="nats",state="running"} 1`);
+      expect(metrics).toContain(`ordo_relay_state{relay="${relay.name}",broker="nats",state="failing"} 0`);
+      expect(metrics).toMatch(
+        new RegExp(`ordo_outbox_delivered_total\\{subscription="${relay.name}",partition="\\d"\\} [12]`),
+      );
     } finally {
       await app.close();
     }

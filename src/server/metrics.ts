@@ -252,6 +252,21 @@ function outboxMetrics(ordo: Ordo, registry: Registry): void {
       for (const s of await lags()) this.inc({ subscription: s.name }, s.deadLettered);
     },
   });
+  // Relays are subscriptions (their lag and deliveries are above): this adds where each one
+  // publishes and how it goes, one series per state with 1 on the current one.
+  const relays = perScrape(() => ordo.outbox.relays());
+  new Gauge({
+    name: 'ordo_relay_state',
+    help: 'A relay: 1 on its state (running, failing or stopped), 0 on the others, with its broker',
+    labelNames: ['relay', 'broker', 'state'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const r of await relays())
+        for (const state of ['running', 'failing', 'stopped'] as const)
+          this.set({ relay: r.name, broker: r.broker, state }, r.state === state ? 1 : 0);
+    },
+  });
   new Gauge({
     name: 'ordo_outbox_open_appenders',
     help: "Open transactions that appended to a subscription's topic (their messages wait for them)",

@@ -97,7 +97,9 @@ function checkUrl(value: unknown): string {
   const url = textOption('to.webhook.url', value);
   const authority = AUTHORITY.exec(url);
   if (!authority) {
-    throw invalid(`to.webhook.url must start with http:// or https://, such as ${EXAMPLE_URL} (got ${describe(url)})`);
+    throw invalid(
+      `to.webhook.url must start with http:// or https://, such as ${EXAMPLE_URL} (got ${describe(url)})`,
+    );
   }
   if (authority[0].includes('{')) {
     throw invalid(
@@ -133,7 +135,9 @@ function checkHeaders(value: unknown): Record<string, string> {
     const what = `to.webhook.headers[${JSON.stringify(name)}]`;
     const lower = name.toLowerCase();
     if (OWN_HEADERS.has(lower) || lower.startsWith('ce-')) {
-      throw invalid(`${what} is set by the relay on every request (webhook-*, ce-*, content-type): remove it`);
+      throw invalid(
+        `${what} is set by the relay on every request (webhook-*, ce-*, content-type): remove it`,
+      );
     }
     if (CONNECTION_HEADERS.has(lower)) {
       throw invalid(`${what} belongs to the HTTP connection, which fetch manages: remove it`);
@@ -154,7 +158,9 @@ function checkHeaders(value: unknown): Record<string, string> {
 /** A URL template as status and errors show it: no credentials, query values hidden unless template fields. */
 function shownUrl(template: string): string {
   const query = template.indexOf('?');
-  const base = template.slice(0, query === -1 ? undefined : query).replace(/^(https?:\/\/)[^@/?#\\]*@/i, '$1');
+  const base = template
+    .slice(0, query === -1 ? undefined : query)
+    .replace(/^(https?:\/\/)[^@/?#\\]*@/i, '$1');
   if (query === -1) return base;
   const params = template
     .slice(query + 1)
@@ -233,9 +239,13 @@ export const webhook: Broker<WebhookConfig> = {
     const url = checkUrl(o.url);
     const list = Array.isArray(o.secret) ? o.secret : [o.secret];
     if (list.length === 0) {
-      throw invalid(`to.webhook.secret must be a whsec_ secret, or several while rotating: ['whsec_…', 'whsec_…']`);
+      throw invalid(
+        `to.webhook.secret must be a whsec_ secret, or several while rotating: ['whsec_…', 'whsec_…']`,
+      );
     }
-    const secrets = list.map((s, i) => checkSecret(Array.isArray(o.secret) ? `to.webhook.secret[${i}]` : 'to.webhook.secret', s));
+    const secrets = list.map((s, i) =>
+      checkSecret(Array.isArray(o.secret) ? `to.webhook.secret[${i}]` : 'to.webhook.secret', s),
+    );
     const timeoutMs = durationOption('to.webhook.timeout', o.timeout ?? '10s', 1, MAX_TIMEOUT_MS);
     return { url, secrets, timeoutMs, headers: checkHeaders(o.headers) };
   },
@@ -292,7 +302,9 @@ export const webhook: Broker<WebhookConfig> = {
           }
           // undici refused to build this request (a header it will not send): the same next time.
           if (err.cause?.code === 'UND_ERR_INVALID_ARG') {
-            throw new Refused(`${where}: message ${m.id} cannot go over HTTP: ${err.cause.message}`, { cause: e });
+            throw new Refused(`${where}: message ${m.id} cannot go over HTTP: ${err.cause.message}`, {
+              cause: e,
+            });
           }
           throw new Error(`${where} failed: ${err.cause?.message ?? err.message}`, { cause: e });
         }
@@ -313,7 +325,8 @@ export const webhook: Broker<WebhookConfig> = {
         if (excerpt) answer += `: ${excerpt}`;
         if (res.status === 429 || res.status === 503) {
           const ms = retryAfter(res.headers.get('retry-after'));
-          if (ms !== undefined) throw new Unavailable(`${answer} (Retry-After ${formatDuration(Math.ceil(ms))})`, ms);
+          if (ms !== undefined)
+            throw new Unavailable(`${answer} (Retry-After ${formatDuration(Math.ceil(ms))})`, ms);
           throw new Error(answer);
         }
         if (res.status >= 500) throw new Error(answer);
