@@ -67,6 +67,7 @@ export const rabbitmq: Broker<RabbitmqConfig> = {
     if (Buffer.byteLength(routingKey.replace(/\{[a-z]+\}/g, '')) > SHORT_STRING) {
       throw invalid(`to.rabbitmq.routingKey must render to at most ${SHORT_STRING} bytes`);
     }
+    // Longer than NATS's: a persistent message is confirmed once its queues have written it to disk.
     const timeoutMs = o.timeout === undefined ? 10_000 : Number(o.timeout);
     if (!Number.isInteger(timeoutMs) || timeoutMs < 1)
       throw invalid(`to.rabbitmq.timeout must be a number of milliseconds (got ${describe(o.timeout)})`);
@@ -92,6 +93,9 @@ export const rabbitmq: Broker<RabbitmqConfig> = {
     let blocked: string | undefined;
     // Without a listener, an 'error' event would throw; the 'close' that follows fails what is in flight.
     model.on('error', (e: Error) => (broken ??= e.message));
+    model.on('close', (e?: Error) => {
+      if (e) broken ??= e.message;
+    });
     model.on('blocked', (reason: string) => (blocked = reason));
     model.on('unblocked', () => (blocked = undefined));
     let channel: ConfirmChannel;
@@ -127,6 +131,9 @@ export const rabbitmq: Broker<RabbitmqConfig> = {
     /** Publishes held back while the channel asks the relay to wait for 'drain'. */
     const held: Pending[] = [];
     let writable = true;
+    /** The channel is closing: no more publishes, and what is unconfirmed fails when it has closed. */
+    let closing = false;
+    /** Why the channel closed. */
     let closed: string | undefined;
 
     const tooLarge = (p: Pending, max: number): Refused =>
@@ -145,9 +152,7 @@ export const rabbitmq: Broker<RabbitmqConfig> = {
     const confirmed = (p: Pending, err: unknown): void => {
       if (err === null || err === undefined) {
         settle(p, p.returned === undefined ? undefined : new Refused(p.returned));
-      } else if (closed !== undefined) {
-        settle(p, lost(p, closed));
-      } else {
+      } else if (!closing) {
         // A nack: the queue could not take the message now (a full queue that rejects publishes,
         // a queue without its leader). That says nothing of this message itself, so it is sent
         // again after a back-off rather than counted and parked: parking would empty the outbox
@@ -157,6 +162,7 @@ export const rabbitmq: Broker<RabbitmqConfig> = {
           new Error(`RabbitMQ nacked ${p.id} (exchange '${config.exchange}', routing key '${p.routingKey}')`),
         );
       }
+      // Otherwise the channel closed: every unconfirmed publish fails once it has.
     };
     const send = (p: Pending): void => {
       try {
@@ -176,11 +182,15 @@ export const rabbitmq: Broker<RabbitmqConfig> = {
     });
     // Before amqplib's own 'close' listener fails the unconfirmed callbacks: they must not read as nacks.
     channel.prependListener('close', () => {
-      closed = broken ?? 'closed';
+      closing = true;
     });
     channel.on('close', () => {
-      for (const p of [...pending]) settle(p, lost(p, closed!));
-      held.length = 0;
+      // A connection closes its channels first and names its reason after: wait for it.
+      queueMicrotask(() => {
+        closed ??= broken ?? 'closed';
+        for (const p of [...pending]) settle(p, lost(p, closed));
+        held.length = 0;
+      });
     });
     channel.on('drain', () => {
       writable = true;
@@ -208,8 +218,8 @@ export const rabbitmq: Broker<RabbitmqConfig> = {
 
     return {
       publish(m) {
-        if (closed !== undefined)
-          return Promise.reject(new Error(`the RabbitMQ channel is closed: ${closed}`));
+        if (closing)
+          return Promise.reject(new Error(`the RabbitMQ channel is closed: ${closed ?? broken ?? 'closed'}`));
         if (Buffer.byteLength(m.destination) > SHORT_STRING) {
           return Promise.reject(
             new Refused(
@@ -252,12 +262,13 @@ export const rabbitmq: Broker<RabbitmqConfig> = {
           } else if (writable && held.length === 0) {
             send(p);
           } else {
-            // Flow control: the socket's buffer is full; what follows waits for 'drain', in order.
+            // Flow control: the channel's write buffer is full; what follows waits for 'drain', in order.
             held.push(p);
           }
         });
       },
       async close() {
+        closing = true;
         closed ??= 'the relay closed its connection';
         for (const p of [...pending])
           settle(p, new Error(`the RabbitMQ channel closed before confirming ${p.id}: ${closed}`));
