@@ -62,6 +62,9 @@ const BAD_PORTS = new Set([
   526, 530, 531, 532, 540, 548, 554, 556, 563, 587, 601, 636, 989, 990, 993, 995, 1719, 1720, 1723, 2049,
   3659, 4045, 4190, 5060, 5061, 6000, 6566, 6665, 6666, 6667, 6668, 6669, 6679, 6697, 10080,
 ]);
+/** What HTTP carries in a header (fetch refuses anything else). */
+const HEADER_RULE =
+  "a name of letters, digits and !#$%&'*+-.^_`|~, a value without line breaks or characters beyond U+00FF";
 /** A secret as the spec serializes it: `whsec_`, then standard base64 with its padding. */
 const SECRET = /^whsec_((?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?)$/;
 /** The spec's symmetric secret: at least 24 random bytes, at most 64 (512 bits). */
@@ -146,9 +149,7 @@ function checkHeaders(value: unknown): Record<string, string> {
     try {
       new Headers([[name, v]]);
     } catch {
-      throw invalid(
-        `${what} must be an HTTP header: a name of letters, digits and !#$%&'*+-.^_\`|~, a value without line breaks or characters beyond U+00FF`,
-      );
+      throw invalid(`${what} must be an HTTP header: ${HEADER_RULE}`);
     }
     headers[lower] = v;
   }
@@ -188,7 +189,12 @@ const headerValue = (v: string): string =>
 function retryAfter(value: string | null): number | undefined {
   if (value === null) return undefined;
   const text = value.trim();
-  const ms = /^\d+$/.test(text) ? Number(text) * 1000 : Date.parse(text) - Date.now();
+  // Seconds, or an HTTP date, which starts with the day's name (Date.parse reads much else too).
+  const ms = /^\d+$/.test(text)
+    ? Number(text) * 1000
+    : /^[A-Za-z]{3}/.test(text)
+      ? Date.parse(text) - Date.now()
+      : NaN;
   return Number.isNaN(ms) ? undefined : Math.min(Math.max(0, ms), MAX_RETRY_AFTER_MS);
 }
 
@@ -270,14 +276,17 @@ export const webhook: Broker<WebhookConfig> = {
         const url = urlOf(m);
         const where = `webhook POST ${shownUrl(url)}`;
         const headers = new Headers();
-        try {
-          for (const [name, value] of Object.entries(m.headers)) {
-            const lower = name.toLowerCase();
-            if (CONNECTION_HEADERS.has(lower)) continue;
+        for (const [name, value] of Object.entries(m.headers)) {
+          const lower = name.toLowerCase();
+          if (CONNECTION_HEADERS.has(lower)) continue;
+          try {
             headers.set(name, lower.startsWith('ce-') ? headerValue(value) : value);
+          } catch (e) {
+            throw new Refused(
+              `message ${m.id} cannot go over HTTP: its header ${JSON.stringify(name)} is not an HTTP header (${HEADER_RULE})`,
+              { cause: e },
+            );
           }
-        } catch (e) {
-          throw new Refused(`message ${m.id} cannot go over HTTP: ${(e as Error).message}`, { cause: e });
         }
         for (const [name, value] of Object.entries(config.headers)) headers.set(name, value);
         const id = headerValue(m.id);
