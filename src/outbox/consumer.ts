@@ -147,6 +147,13 @@ export class Consumer {
   private lapsed: Failure | undefined;
   /** Transient failures in a row (BatchInterrupted), for the back-off of the next look. */
   private outages = 0;
+  /** Waiting out the delay after a failure: notifications do not end it, stop() does. */
+  private backingOff = false;
+  /**
+   * The next batch holds one message: the first of a batch a handler refused in part, so that
+   * its failure is its own and counted (a batch of several that fails is split first).
+   */
+  private single = false;
 
   constructor(
     private readonly pool: pg.Pool,
@@ -165,7 +172,9 @@ export class Consumer {
   /** A notification for this topic (or a lost listener): read again now. */
   notify(): void {
     this.woken = true;
-    this.wakeUp?.();
+    // A back-off after a failure is waited out: new messages do not make a failing broker or
+    // handler ready sooner (the wake-up is kept for the look after it).
+    if (!this.backingOff) this.wakeUp?.();
   }
 
   async stop(): Promise<SubscriptionEnd> {
@@ -194,6 +203,7 @@ export class Consumer {
           break;
         }
         if (step.kind === 'delivered') {
+          this.single = false;
           this.quickPolls = QUICK_POLLS;
           this.heldDelayMs = 1;
         } else if (step.kind === 'held' || (step.kind === 'idle' && this.quickPolls-- > 0)) {
@@ -206,8 +216,13 @@ export class Consumer {
         } else if (step.kind === 'idle') {
           this.heldDelayMs = 1;
           await this.sleep(this.pollInterval(this.settings.pollMs));
-        } else if (step.kind === 'failed') {
-          await this.sleep(step.retryInMs);
+        } else if (step.kind === 'failed' && step.retryInMs > 0) {
+          this.backingOff = true;
+          try {
+            await this.sleep(step.retryInMs);
+          } finally {
+            this.backingOff = false;
+          }
         }
       } catch (e) {
         const error = toOrdoError(e);
@@ -298,7 +313,7 @@ export class Consumer {
       const { messages, version, attempt } = await readBatch(
         client,
         this.plans.receive,
-        [name, partition, this.owner, this.settings.batchSize, this.settings.leaseMs],
+        [name, partition, this.owner, this.single ? 1 : this.settings.batchSize, this.settings.leaseMs],
         topic,
       );
       if (messages.length === 0) {
@@ -391,8 +406,10 @@ export class Consumer {
       );
       return { kind: 'failed', retryInMs: Math.max(this.retryDelay(++this.outages), e.retryAfterMs) };
     }
-    if (handled > 0) return { kind: 'failed', retryInMs: 0 };
-    return this.failed(client, e.cause, messages, version);
+    if (handled === 0 && messages.length === 1) return this.failed(client, e.cause, messages, version);
+    // The message refused comes next on its own, so that its failure is counted.
+    this.single = true;
+    return { kind: 'failed', retryInMs: 0 };
   }
 
   /** Hands the batch back: split it, retry it later, park its message, or give up. */

@@ -16,6 +16,8 @@ export interface Broker<C> {
   readonly templateOption: string;
   /** Most unconfirmed publishes per partition, unless the relay says otherwise. */
   readonly window: number;
+  /** The largest window that keeps a partition's order on this broker (a webhook: 1). */
+  readonly maxWindow?: number;
   check(options: Record<string, unknown>): C;
   template(config: C): string;
   describe(config: C): string;

@@ -142,7 +142,7 @@ export class RelayRunner implements Relay {
     this.window =
       options.window === undefined
         ? target.broker.window
-        : safeInteger('window', options.window, 1, MAX_WINDOW);
+        : safeInteger('window', options.window, 1, target.broker.maxWindow ?? MAX_WINDOW);
     this.stats = {
       name: this.name,
       topic: this.topic,

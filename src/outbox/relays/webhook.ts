@@ -240,6 +240,7 @@ export const webhook: Broker<WebhookConfig> = {
   // connection): one request at a time per partition keeps each key's order; partitions give
   // the parallelism.
   window: 1,
+  maxWindow: 1,
   check(o) {
     knownKeys('to.webhook', o, KEYS);
     const url = checkUrl(o.url);
