@@ -4,11 +4,11 @@
 // on; a server away at the start or killed mid-run loses nothing; bad configuration is refused.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createClient } from 'redis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from '../src/db/embedded.js';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { redis } from '../src/outbox/relays/redis.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
@@ -35,6 +35,7 @@ beforeAll(async () => {
   await client.connect();
 });
 afterAll(async () => {
+  for (const own of OwnRedis.all) await own.remove();
   await ordo?.close();
   if (keys.length > 0) await client.del(keys).catch(() => undefined);
   if (client.isOpen) client.destroy();
@@ -67,49 +68,82 @@ async function arrivals(stream: string, from = client): Promise<Arrival[]> {
   });
 }
 
-async function freePort(): Promise<number> {
-  const probe = createServer();
-  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
-  const { port } = probe.address() as { port: number };
-  await new Promise((resolve) => probe.close(resolve));
-  return port;
-}
-
 /**
- * A redis-server of this test's own. appendfsync always: an XADD is on disk before it is
- * answered, so a SIGKILL loses nothing the relay counted as delivered.
+ * A redis-server of this test's own on a free port, its files in a directory. appendfsync always:
+ * an XADD is on disk before it is answered, so a SIGKILL loses nothing the relay counted as
+ * delivered. Removed after the file, whatever a test left running.
  */
-async function startRedis(port: number, dir: string): Promise<ChildProcess> {
-  const child = spawn(
-    'redis-server',
-    [
-      ...['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--save', ''],
-      ...['--appendonly', 'yes', '--appendfsync', 'always'],
-    ],
-    { stdio: 'ignore' },
-  );
-  await until(
-    'the own redis-server answers',
-    async () => {
-      const probe = createClient({ url: `redis://127.0.0.1:${port}`, socket: { reconnectStrategy: false } });
-      probe.on('error', () => undefined);
-      try {
-        await probe.connect();
-        probe.destroy();
-        return true;
-      } catch {
-        return false;
-      }
-    },
-    10_000,
-  );
-  return child;
-}
+class OwnRedis {
+  static readonly all = new Set<OwnRedis>();
+  private child: ChildProcess | undefined;
+  private constructor(
+    readonly port: number,
+    readonly dir: string,
+  ) {}
 
-async function kill(child: ChildProcess): Promise<void> {
-  const exited = new Promise((resolve) => child.once('exit', resolve));
-  child.kill('SIGKILL');
-  await exited;
+  get url(): string {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+
+  static async create(): Promise<OwnRedis> {
+    const own = new OwnRedis(await freePort(), await mkdtemp(join(tmpdir(), 'ordo-own-redis-')));
+    OwnRedis.all.add(own);
+    return own;
+  }
+
+  async start(): Promise<void> {
+    this.child = spawn(
+      'redis-server',
+      [
+        ...['--port', String(this.port), '--bind', '127.0.0.1', '--dir', this.dir, '--save', ''],
+        ...['--appendonly', 'yes', '--appendfsync', 'always'],
+      ],
+      { stdio: 'ignore' },
+    );
+    await until(
+      'the own redis-server answers',
+      async () => {
+        const probe = createClient({ url: this.url, socket: { reconnectStrategy: false } });
+        probe.on('error', () => undefined);
+        try {
+          await probe.connect();
+          probe.destroy();
+          return true;
+        } catch {
+          return false;
+        }
+      },
+      10_000,
+    );
+  }
+
+  /** SIGKILL: a crash. SIGSTOP freezes it (connections stay open, nothing is answered); SIGCONT wakes it. */
+  async signal(signal: 'SIGKILL' | 'SIGSTOP' | 'SIGCONT'): Promise<void> {
+    const child = this.child;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    if (signal !== 'SIGKILL') {
+      child.kill(signal);
+      return;
+    }
+    this.child = undefined;
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    child.kill('SIGKILL');
+    await exited;
+  }
+
+  /** A client of this server, for the test to read what arrived. */
+  async client(): Promise<typeof client> {
+    const reader = createClient({ url: this.url });
+    reader.on('error', () => undefined);
+    await reader.connect();
+    return reader as typeof client;
+  }
+
+  async remove(): Promise<void> {
+    await this.signal('SIGKILL');
+    await rm(this.dir, { recursive: true, force: true });
+    OwnRedis.all.delete(this);
+  }
 }
 
 describe('relay to Redis Streams', () => {
@@ -172,7 +206,9 @@ describe('relay to Redis Streams', () => {
       expect([...ids.keys()]).toEqual(['first', 'last']);
       expect(got.length).toBeLessThanOrEqual(1 + 3);
       // A message without a key has no key field, rather than an empty one.
-      expect((await entries(good)).map((m) => m.key ?? null)).toEqual(got.map((a) => a.data.label === 'first' ? 'a' : null));
+      expect((await entries(good)).map((m) => m.key ?? null)).toEqual(
+        got.map((a) => (a.data.label === 'first' ? 'a' : null)),
+      );
       expect(await client.get(bad)).toBe('not a stream');
       const parked = await ordo.outbox.deadLetters(relayName);
       expect(parked.map((d) => [(d.data as { label: string }).label, d.attempts])).toEqual([['refused', 2]]);
@@ -210,9 +246,7 @@ describe('relay to Redis Streams', () => {
   });
 
   it('a server away at the start, then killed mid-run: retried without counting attempts, nothing lost', async () => {
-    const port = await freePort();
-    const dir = await mkdtemp(join(tmpdir(), 'ordo-redis-'));
-    const url = `redis://127.0.0.1:${port}`;
+    const own = await OwnRedis.create();
     const stream = uniqueName('orders');
     const topic = uniqueName('t');
     const relayName = uniqueName('away');
@@ -224,9 +258,8 @@ describe('relay to Redis Streams', () => {
       maxAttempts: 1,
       retryDelay: '20ms',
       maxRetryDelay: '200ms',
-      to: { redis: { url, stream, timeout: 1000 } },
+      to: { redis: { url: own.url, stream, timeout: 1000 } },
     });
-    let own: ChildProcess | undefined;
     try {
       const early = { key: 'early', seq: 1, label: 'c-early' };
       await ordo.outbox.append(topic, [
@@ -235,24 +268,21 @@ describe('relay to Redis Streams', () => {
       await until('the relay reports the server away', () => relay.state().state === 'failing', 10_000);
       expect(relay.state().lastError).toMatch(/ECONNREFUSED/);
       expect(await relay.lag()).toMatchObject({ messagesBehind: 1, attempts: 0 });
-      own = await startRedis(port, dir);
+      await own.start();
       await until('the early message arrived', () => relay.state().delivered === 1, 10_000);
 
       // Killed while writers append: what was confirmed is on disk; the rest is sent again.
       const writing = appendLoad(ordo, topic, { perWriter: 60 });
       await until('the relay is delivering the load', () => relay.state().delivered > 100, 20_000);
-      await kill(own);
-      own = undefined;
+      await own.signal('SIGKILL');
       const committed = await writing;
       await until('the relay met the server gone', () => relay.state().state === 'failing', 10_000);
-      own = await startRedis(port, dir);
+      await own.start();
       await until('the relay caught up', async () => (await relay.lag()).messagesBehind === 0, 30_000);
 
-      const reader = createClient({ url });
-      reader.on('error', () => undefined);
-      await reader.connect();
+      const reader = await own.client();
       try {
-        const got = await arrivals(stream, reader as typeof client);
+        const got = await arrivals(stream, reader);
         // Only what was in flight at the kill may arrive twice, with the same id (checked there).
         expect(checkArrivals(got, [early, ...committed])).toBeLessThanOrEqual(4 * redis.window);
         for (const a of got) expectCloudEvents(a, topic);
@@ -261,9 +291,59 @@ describe('relay to Redis Streams', () => {
       }
       expect(await ordo.outbox.deadLetters(relayName)).toEqual([]);
     } finally {
+      await own.remove();
       await relay.stop();
-      if (own) await kill(own);
-      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a server that stops answering: the publish times out and is sent again, without counting attempts', async () => {
+    const own = await OwnRedis.create();
+    await own.start();
+    const stream = uniqueName('orders');
+    const topic = uniqueName('t');
+    const relayName = uniqueName('frozen');
+    const relay = await ordo.outbox.relay({
+      name: relayName,
+      topic,
+      maxAttempts: 1,
+      retryDelay: '20ms',
+      maxRetryDelay: '200ms',
+      to: { redis: { url: own.url, stream, timeout: 300 } },
+    });
+    const append = (label: string, seq: number) =>
+      ordo.outbox.append(topic, [
+        { type: 'placed', key: 'k', data: { key: 'k', seq, label }, headers: { traceparent: TRACEPARENT } },
+      ]);
+    try {
+      await append('c-before', 1);
+      await until('the first message was delivered', () => relay.state().delivered === 1, 10_000);
+      await own.signal('SIGSTOP');
+      await append('c-frozen', 2);
+      await until('the relay reports the timeout', () => relay.state().state === 'failing', 10_000);
+      expect(relay.state().lastError).toMatch(/Redis did not answer the XADD to orders_\w+ within 300 ms/);
+      // Its next connection is not answered either: the attempt to connect times out the same way.
+      await until('the relay reports the connection timing out', () =>
+        /Redis did not answer on connecting within 300 ms/.test(relay.state().lastError ?? ''),
+      );
+      expect(await relay.lag()).toMatchObject({ messagesBehind: 1, attempts: 0 });
+      await own.signal('SIGCONT');
+      await until('the relay caught up', async () => (await relay.lag()).messagesBehind === 0, 10_000);
+      const reader = await own.client();
+      try {
+        // The XADD sent before the freeze may run when the server wakes: a repeat, with the same id.
+        const got = await arrivals(stream, reader);
+        const committed = [
+          { key: 'k', seq: 1, label: 'c-before' },
+          { key: 'k', seq: 2, label: 'c-frozen' },
+        ];
+        expect(checkArrivals(got, committed)).toBeLessThanOrEqual(1);
+      } finally {
+        reader.destroy();
+      }
+      expect(await ordo.outbox.deadLetters(relayName)).toEqual([]);
+    } finally {
+      await own.remove();
+      await relay.stop();
     }
   });
 

@@ -43,6 +43,21 @@ const TRANSIENT_REPLIES = new Set([
 
 const load = () => loadClient<Client>('redis', 'Redis', 'redis');
 
+/** `promise`, or a failure saying what did not come within `ms`: a server that stopped answering. */
+async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      promise,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`Redis did not answer ${what} within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /**
  * Redis Streams: each message is one entry added with `XADD <stream> * …` (the entry id is the
  * server's), and counts as delivered on the XADD reply. The entry's fields, for a consumer to
@@ -94,42 +109,42 @@ export const redis: Broker<RedisConfig> = {
       disableOfflineQueue: true,
       socket: { reconnectStrategy: false, connectTimeout: config.timeoutMs },
     });
-    // A lost connection fails the commands awaiting replies; the event itself needs a listener.
-    client.on('error', () => undefined);
-    await client.connect();
+    // A lost connection fails the commands awaiting replies; its cause is kept for the next publish.
+    let lastError: Error | undefined;
+    client.on('error', (e: Error) => {
+      lastError = e;
+    });
+    try {
+      // The connection's first commands wait for their replies too: a frozen server answers none.
+      await within(client.connect(), config.timeoutMs, 'on connecting');
+    } catch (e) {
+      if (client.isOpen) client.destroy();
+      throw e;
+    }
     const trim =
       config.maxLen === null
         ? undefined
         : { TRIM: { strategy: 'MAXLEN' as const, strategyModifier: '~' as const, threshold: config.maxLen } };
     return {
       async publish(m) {
+        if (!client.isReady) {
+          throw new Error(`the connection to Redis is lost${lastError ? `: ${lastError.message}` : ''}`);
+        }
         const fields: Record<string, string> = { id: m.id, type: m.type };
         if (m.key !== null) fields.key = m.key;
         fields.data = m.body;
         fields.headers = JSON.stringify(m.headers);
-        let timer: NodeJS.Timeout | undefined;
         try {
-          await Promise.race([
+          await within(
             client.xAdd(m.destination, '*', fields, trim),
-            new Promise<never>((_, reject) => {
-              timer = setTimeout(
-                () =>
-                  reject(
-                    new Error(
-                      `Redis did not answer the XADD to ${m.destination} within ${config.timeoutMs} ms`,
-                    ),
-                  ),
-                config.timeoutMs,
-              );
-            }),
-          ]);
+            config.timeoutMs,
+            `the XADD to ${m.destination}`,
+          );
         } catch (e) {
           if (e instanceof ErrorReply && !TRANSIENT_REPLIES.has(e.message.split(' ', 1)[0]!)) {
             throw new Refused(`Redis refused the XADD to ${m.destination}: ${e.message}`, { cause: e });
           }
           throw e;
-        } finally {
-          clearTimeout(timer);
         }
       },
       async close() {
