@@ -1,8 +1,13 @@
 import { randomBytes } from 'node:crypto';
 import { createHistogram, performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { jetstreamManager } from '@nats-io/jetstream';
 import { connect } from '@nats-io/transport-node';
+import amqp from 'amqplib';
+import { connectAsync } from 'mqtt';
+import { createClient } from 'redis';
 import { createOrdo, type Ordo, type RelayTarget } from '../src/index.js';
 import { BROKERS, type RelayBroker } from '../src/outbox/relays/brokers.js';
 import { parseTemplate, toRelayMessage } from '../src/outbox/relays/envelope.js';
@@ -27,6 +32,8 @@ const GOAL = { ratio: 0.7, p99Ms: 50 };
 /** What the bench needs of a broker beyond the relay: a destination, and what arrived there. */
 interface BrokerBench {
   broker: RelayBroker;
+  /** A smaller backlog for a broker a partition feeds one message at a time (a webhook). */
+  backlog?: number;
   /** A destination of its own for one scenario, and the relay's `to` for it. */
   destination(): Promise<{
     to: RelayTarget;
@@ -62,15 +69,161 @@ const nats: BrokerBench = {
   },
 };
 
-const BENCHES: BrokerBench[] = [nats];
+const RABBITMQ_URL = 'amqp://guest:guest@127.0.0.1:5672';
+
+const rabbitmq: BrokerBench = {
+  broker: 'rabbitmq',
+  async destination() {
+    const conn = await amqp.connect(RABBITMQ_URL);
+    const ch = await conn.createChannel();
+    const name = `ordo_bench_${randomBytes(4).toString('hex')}`;
+    await ch.assertExchange(name, 'topic', { durable: false, autoDelete: false });
+    await ch.assertQueue(name, { durable: true });
+    await ch.bindQueue(name, name, '#');
+    return {
+      to: { rabbitmq: { url: RABBITMQ_URL, exchange: name, routingKey: '{type}' } },
+      stored: async () => (await ch.checkQueue(name)).messageCount,
+      async listen(arrived) {
+        const { consumerTag } = await ch.consume(
+          name,
+          (m) => m && arrived(performance.now(), String(m.properties.messageId)),
+          { noAck: true },
+        );
+        return async () => void (await ch.cancel(consumerTag));
+      },
+      async remove() {
+        await ch.deleteQueue(name).catch(() => undefined);
+        await ch.deleteExchange(name).catch(() => undefined);
+        await conn.close();
+      },
+    };
+  },
+};
+
+const REDIS_URL = 'redis://127.0.0.1:6379';
+
+const redis: BrokerBench = {
+  broker: 'redis',
+  async destination() {
+    const client = createClient({ url: REDIS_URL });
+    await client.connect();
+    const reader = client.duplicate();
+    await reader.connect();
+    const stream = `ordo_bench_${randomBytes(4).toString('hex')}`;
+    let listening = false;
+    return {
+      to: { redis: { url: REDIS_URL, stream } },
+      stored: () => client.xLen(stream),
+      async listen(arrived) {
+        listening = true;
+        let last = '0';
+        const reading = (async () => {
+          while (listening) {
+            const got = (await reader.xRead({ key: stream, id: last }, { BLOCK: 100, COUNT: 1000 })) as
+              { messages: { id: string; message: Record<string, string> }[] }[] | null;
+            const now = performance.now();
+            for (const m of got?.[0]?.messages ?? []) {
+              last = m.id;
+              arrived(now, m.message.id ?? '');
+            }
+          }
+        })();
+        return async () => {
+          listening = false;
+          await reading;
+        };
+      },
+      async remove() {
+        await client.del(stream);
+        await Promise.all([client.quit(), reader.quit()]);
+      },
+    };
+  },
+};
+
+const MQTT_URL = 'mqtt://127.0.0.1:1883';
+
+const mqtt: BrokerBench = {
+  broker: 'mqtt',
+  async destination() {
+    // MQTT keeps no count of what it took: a subscriber at QoS 1 counts what it hands on.
+    const prefix = `ordo_bench_${randomBytes(4).toString('hex')}`;
+    const client = await connectAsync(MQTT_URL, { protocolVersion: 5 });
+    let received = 0;
+    let onArrival: ((at: number, id: string) => void) | undefined;
+    client.on('message', (_topic, _payload, packet) => {
+      received++;
+      const id = packet.properties?.userProperties?.['message-id'];
+      onArrival?.(performance.now(), Array.isArray(id) ? id[0]! : (id ?? ''));
+    });
+    await client.subscribeAsync(`${prefix}/#`, { qos: 1 });
+    return {
+      to: { mqtt: { url: MQTT_URL, topic: `${prefix}/{type}`, qos: 1 } },
+      stored: async () => received,
+      async listen(arrived) {
+        onArrival = arrived;
+        return async () => {
+          onArrival = undefined;
+        };
+      },
+      async remove() {
+        await client.endAsync();
+      },
+    };
+  },
+};
+
+const webhook: BrokerBench = {
+  broker: 'webhook',
+  backlog: 10_000,
+  async destination() {
+    // A receiver that answers 200 at once: the limit is the relay's and HTTP's, not a handler's.
+    let received = 0;
+    let onArrival: ((at: number, id: string) => void) | undefined;
+    const server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        received++;
+        onArrival?.(performance.now(), String(req.headers['webhook-id'] ?? ''));
+        res.writeHead(200).end();
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address() as AddressInfo;
+    return {
+      to: {
+        webhook: {
+          url: `http://127.0.0.1:${port}/hooks/{type}`,
+          secret: `whsec_${randomBytes(24).toString('base64')}`,
+        },
+      },
+      stored: async () => received,
+      async listen(arrived) {
+        onArrival = arrived;
+        return async () => {
+          onArrival = undefined;
+        };
+      },
+      async remove() {
+        server.closeAllConnections();
+        await new Promise((resolve) => server.close(resolve));
+      },
+    };
+  },
+};
+
+const BENCHES: BrokerBench[] = [nats, rabbitmq, redis, mqtt, webhook];
 
 export const relay: Suite = {
   name: 'relay',
   async run(ctx) {
     const ordo = await createOrdo({ databaseUrl: ctx.url, poolSize: 8 });
+    // The application appending, as in production a pool apart from the relay's: appends
+    // queued on the relay's own pool would hold its reads back.
+    const appender = await createOrdo({ databaseUrl: ctx.url, poolSize: 8 });
     try {
       const drain: Table = {
-        title: `relay — a backlog of ${fmt.int(BACKLOG)} messages until the broker confirmed all (window 1: ${fmt.int(ONE_AT_A_TIME)})`,
+        title: `relay — a backlog of ${fmt.int(BACKLOG)} messages until the broker confirmed all (window 1 and webhooks: fewer)`,
         columns: [
           { header: 'broker', align: 'left' },
           { header: 'scenario', align: 'left' },
@@ -101,19 +254,20 @@ export const relay: Suite = {
       };
       for (const b of BENCHES) {
         ctx.log(`relay ${b.broker}: backlog`);
-        const viaRelay = await drainRate(ordo, b, BACKLOG, undefined, ctx);
+        const backlog = b.backlog ?? BACKLOG;
+        const viaRelay = await drainRate(ordo, b, backlog, undefined, ctx);
         const oneAtATime = await drainRate(ordo, b, ONE_AT_A_TIME, 1, ctx);
-        const client = await clientRate(b, BACKLOG);
+        const client = await clientRate(b, backlog);
         drain.rows.push(
-          [b.broker, 'relay', fmt.int(BACKLOG), fmt.int(viaRelay), ''],
-          [b.broker, 'the client alone (limit)', fmt.int(BACKLOG), fmt.int(client), ''],
+          [b.broker, 'relay', fmt.int(backlog), fmt.int(viaRelay), ''],
+          [b.broker, 'the client alone (limit)', fmt.int(backlog), fmt.int(client), ''],
           [b.broker, 'relay, window 1', fmt.int(ONE_AT_A_TIME), fmt.int(oneAtATime), ''],
           [b.broker, `goal relay ≥ ${GOAL.ratio} × client`, '', '', ratioCell(viaRelay / client, GOAL.ratio)],
           [b.broker, 'relay ÷ window 1', '', '', `${(viaRelay / oneAtATime).toFixed(1)}×`],
           null,
         );
         ctx.log(`relay ${b.broker}: latency`);
-        const l = await latencyAtRate(ordo, b, ctx);
+        const l = await latencyAtRate(ordo, appender, b, ctx);
         latency.rows.push([
           b.broker,
           fmt.int(l.count),
@@ -128,7 +282,7 @@ export const relay: Suite = {
       drain.rows.pop();
       return [drain, latency];
     } finally {
-      await ordo.close();
+      await Promise.all([ordo.close(), appender.close()]);
     }
   },
 };
@@ -220,6 +374,7 @@ async function clientRate(b: BrokerBench, n: number): Promise<number> {
 /** Commit-to-broker latency of messages appended one per transaction at RATE a second. */
 async function latencyAtRate(
   ordo: Ordo,
+  appender: Ordo,
   b: BrokerBench,
   ctx: BenchContext,
 ): Promise<{ count: number; p50: number; p99: number; max: number }> {
