@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { connectAsync, type IClientOptions, type MqttClient } from 'mqtt';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '../src/db/embedded.js';
-import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
+import { createOrdo, type Ordo } from '../src/index.js';
 import { mqtt } from '../src/outbox/relays/mqtt.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import {
@@ -20,6 +20,7 @@ import {
   type Committed,
   expectCloudEvents,
   uniqueName,
+  expectRefused,
 } from './support/relay-load.js';
 import { until } from './support/until.js';
 
@@ -426,15 +427,8 @@ describe('relay to MQTT', () => {
 
   it('refuses bad configuration when the relay is created, saying what to change', async () => {
     const topic = uniqueName('t');
-    const refused = async (to: unknown, ...expected: (string | RegExp)[]) => {
-      const e = await ordo.outbox.relay({ name: uniqueName('bad'), topic, to: to as never }).then(
-        () => undefined,
-        (err: unknown) => err,
-      );
-      expect(e).toBeInstanceOf(OrdoError);
-      expect((e as OrdoError).code).toBe('invalid_argument');
-      for (const x of expected) expect((e as OrdoError).message).toMatch(x);
-    };
+    const refused = (to: unknown, ...expected: (string | RegExp)[]) =>
+      expectRefused(ordo, topic, to, ...expected);
     await refused(
       { mqtt: { url: 'tcp://127.0.0.1:1883', topic: 'a' } },
       /to\.mqtt\.url must start with mqtt: or mqtts:/,

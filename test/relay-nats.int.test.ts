@@ -4,7 +4,7 @@
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { jetstreamManager, type JetStreamManager } from '@nats-io/jetstream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
+import { createOrdo, type Ordo } from '../src/index.js';
 import { loadClient } from '../src/outbox/relays/clients.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import {
@@ -13,6 +13,7 @@ import {
   checkArrivals,
   expectCloudEvents,
   uniqueName,
+  expectRefused,
 } from './support/relay-load.js';
 import { until } from './support/until.js';
 
@@ -112,15 +113,8 @@ describe('relay to NATS JetStream', () => {
 
   it('refuses bad configuration when the relay is created, saying what to change', async () => {
     const topic = uniqueName('t');
-    const refused = async (to: unknown, ...expected: (string | RegExp)[]) => {
-      const e = await ordo.outbox.relay({ name: uniqueName('bad'), topic, to: to as never }).then(
-        () => undefined,
-        (err: unknown) => err,
-      );
-      expect(e).toBeInstanceOf(OrdoError);
-      expect((e as OrdoError).code).toBe('invalid_argument');
-      for (const x of expected) expect((e as OrdoError).message).toMatch(x);
-    };
+    const refused = (to: unknown, ...expected: (string | RegExp)[]) =>
+      expectRefused(ordo, topic, to, ...expected);
     await refused(undefined, /to: \{ nats \| rabbitmq \| redis \| mqtt \| webhook/);
     await refused({ kafka: {} }, /exactly one broker/, /kafka/);
     await refused({ nats: {}, redis: {} }, /exactly one broker/);

@@ -7,7 +7,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { type Channel, type ChannelModel, connect, type GetMessage, type Options } from 'amqplib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
+import { createOrdo, type Ordo } from '../src/index.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import {
   type Arrival,
@@ -15,6 +15,7 @@ import {
   checkArrivals,
   expectCloudEvents,
   uniqueName,
+  expectRefused,
 } from './support/relay-load.js';
 import { until } from './support/until.js';
 
@@ -262,15 +263,8 @@ describe('relay to RabbitMQ', () => {
 
   it('refuses bad configuration when the relay is created, saying what to change', async () => {
     const topic = uniqueName('t');
-    const refused = async (to: unknown, ...expected: (string | RegExp)[]) => {
-      const e = await ordo.outbox.relay({ name: uniqueName('bad'), topic, to: to as never }).then(
-        () => undefined,
-        (err: unknown) => err,
-      );
-      expect(e).toBeInstanceOf(OrdoError);
-      expect((e as OrdoError).code).toBe('invalid_argument');
-      for (const x of expected) expect((e as OrdoError).message).toMatch(x);
-    };
+    const refused = (to: unknown, ...expected: (string | RegExp)[]) =>
+      expectRefused(ordo, topic, to, ...expected);
     const ok = { url: AMQP, exchange: 'orders', routingKey: '{type}' };
     await refused(
       { rabbitmq: { ...ok, url: 'http://127.0.0.1:5672' } },

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { createClient } from 'redis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '../src/db/embedded.js';
-import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
+import { createOrdo, type Ordo } from '../src/index.js';
 import { redis } from '../src/outbox/relays/redis.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import {
@@ -18,6 +18,7 @@ import {
   checkArrivals,
   expectCloudEvents,
   uniqueName,
+  expectRefused,
 } from './support/relay-load.js';
 import { until } from './support/until.js';
 
@@ -349,15 +350,8 @@ describe('relay to Redis Streams', () => {
 
   it('refuses bad configuration when the relay is created, saying what to change', async () => {
     const topic = uniqueName('t');
-    const refused = async (to: unknown, ...expected: (string | RegExp)[]) => {
-      const e = await ordo.outbox.relay({ name: uniqueName('bad'), topic, to: to as never }).then(
-        () => undefined,
-        (err: unknown) => err,
-      );
-      expect(e).toBeInstanceOf(OrdoError);
-      expect((e as OrdoError).code).toBe('invalid_argument');
-      for (const x of expected) expect((e as OrdoError).message).toMatch(x);
-    };
+    const refused = (to: unknown, ...expected: (string | RegExp)[]) =>
+      expectRefused(ordo, topic, to, ...expected);
     await refused(
       { redis: { url: 'http://127.0.0.1:6379', stream: 's' } },
       /to\.redis\.url must start with redis: or rediss:/,

@@ -84,7 +84,7 @@ export interface DeadLetter extends OutboxMessage {
   parkedAt: Date;
 }
 
-const SUBSCRIBE_KEYS = [
+export const SUBSCRIBE_KEYS = [
   'name',
   'topic',
   'handler',

@@ -2,7 +2,7 @@
 // transactions roll back, and what arrives at the broker is checked against what committed.
 import { randomBytes } from 'node:crypto';
 import { expect } from 'vitest';
-import type { Ordo } from '../../src/index.js';
+import { type Ordo, OrdoError, type RelayTarget } from '../../src/index.js';
 
 /** One committed message: its key, its place among its key's messages, its label. */
 export interface Committed {
@@ -114,4 +114,20 @@ export function expectCloudEvents(a: Arrival, topic: string): void {
     traceparent: `00-${'a'.repeat(32)}-${'b'.repeat(16)}-01`,
   });
   expect(Number.isNaN(Date.parse(a.headers['ce-time']!))).toBe(false);
+}
+
+/** A relay to `to` is refused at creation with invalid_argument, its message matching each of `expected`. */
+export async function expectRefused(
+  ordo: Ordo,
+  topic: string,
+  to: unknown,
+  ...expected: (string | RegExp)[]
+): Promise<void> {
+  const e = await ordo.outbox.relay({ name: uniqueName('bad'), topic, to: to as RelayTarget }).then(
+    () => undefined,
+    (err: unknown) => err,
+  );
+  expect(e).toBeInstanceOf(OrdoError);
+  expect((e as OrdoError).code).toBe('invalid_argument');
+  for (const x of expected) expect((e as OrdoError).message).toMatch(x);
 }

@@ -3,7 +3,7 @@ import { describe, invalid, knownKeys, plainObject, safeInteger } from '../../va
 import { BatchInterrupted, type HandlerContext, type SubscriptionEnd } from '../consumer.js';
 import type { SubscriptionLag } from '../lag.js';
 import type { OutboxMessage } from '../messages.js';
-import type { SubscribeOptions, Subscription } from '../outbox.js';
+import { SUBSCRIBE_KEYS, type SubscribeOptions, type Subscription } from '../outbox.js';
 import { BROKERS, type Broker, RELAY_BROKERS, type RelayBroker } from './brokers.js';
 import { parseTemplate, type Template, toRelayMessage } from './envelope.js';
 import { type Publisher, Refused, Unavailable } from './publisher.js';
@@ -76,22 +76,8 @@ export interface Relay {
   readonly done: Promise<SubscriptionEnd>;
 }
 
-const RELAY_KEYS = [
-  'name',
-  'topic',
-  'to',
-  'partitions',
-  'batchSize',
-  'window',
-  'from',
-  'maxAttempts',
-  'onExhausted',
-  'lease',
-  'pollInterval',
-  'retryDelay',
-  'maxRetryDelay',
-  'onError',
-] as const;
+/** subscribe()'s options, with `to` and `window` in place of the handler. */
+const relayKeys = (): string[] => [...SUBSCRIBE_KEYS.filter((k) => k !== 'handler'), 'to', 'window'];
 /** The most publishes a partition may have unconfirmed. */
 export const MAX_WINDOW = 10_000;
 
@@ -272,7 +258,7 @@ export interface RelayHost {
 /** Checks a relay's options (all of them, before anything is created) and starts it. */
 export async function startRelay(options: unknown, outbox: RelayHost): Promise<Relay> {
   const o = plainObject('relay options', options);
-  knownKeys('relay options', o, RELAY_KEYS);
+  knownKeys('relay options', o, relayKeys());
   if (o.to === undefined) throw invalid(`a relay needs to: { ${RELAY_BROKERS.join(' | ')}: { … } }`);
   const target = relayTarget(o.to);
   const runner = new RelayRunner(o, target, outbox);
