@@ -1,6 +1,6 @@
-// Relays under faults (issue 43), against a broker of the file's own (it is stopped mid-run):
-// a relay process killed with SIGKILL mid-run and started again, the broker stopped for 10 s
-// while writers go on, a relay stopped with stop() while it publishes. Every committed message
+// Relays under faults (issue 43), each test against a broker server of its own (one of them is
+// stopped mid-run): a relay process killed with SIGKILL mid-run and started again, the broker
+// stopped for 10 s while writers go on, a relay stopped with stop() while it publishes. Every committed message
 // arrives, no rolled-back one, each key's first arrivals in commit order; a broker that drops
 // repeats by id (JetStream's Nats-Msg-Id) gets none at all, another only repeats of what was in
 // flight at the kill, with the same id. Each broker is an entry of CASES.
@@ -10,6 +10,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { connect } from '@nats-io/transport-node';
 import { jetstream, jetstreamManager } from '@nats-io/jetstream';
+import { connectAsync, type MqttClient } from 'mqtt';
+import { createClient } from 'redis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, type RelayOptions, type RelayTarget } from '../src/index.js';
 import { type BrokerKind, type BrokerServer, brokerServer } from './support/broker-servers.js';
@@ -26,7 +28,7 @@ interface Destination {
   to: RelayTarget;
   /** Everything the broker stored, in the order it stored it. */
   arrivals(): Promise<Arrival[]>;
-  /** How many messages the broker stored (a cheap look, while a relay runs). */
+  /** How many messages arrived so far (a cheap look, while a relay runs). */
   count(): Promise<number>;
 }
 
@@ -35,7 +37,7 @@ interface BrokerCase {
   kind: BrokerKind;
   /** The broker drops a message whose id it already stored: then nothing arrives twice, even after a crash. */
   dropsRepeats: boolean;
-  /** A destination of its own for one test, on the file's server. */
+  /** A destination of one test's own, on the test's server. */
   destination(server: BrokerServer): Promise<Destination>;
 }
 
@@ -68,7 +70,89 @@ const CASES: BrokerCase[] = [
       };
     },
   },
+  {
+    kind: 'redis',
+    // A stream takes a repeat as a new entry: its consumers deduplicate on the id field.
+    dropsRepeats: false,
+    async destination(server) {
+      const stream = uniqueName('faults');
+      return {
+        // A reply that does not come within a second means the server is away.
+        to: { redis: { url: server.url, stream, timeout: 1000 } },
+        arrivals: () =>
+          withRedis(server.url, async (client) =>
+            ((await client.xRange(stream, '-', '+')) ?? []).map(({ message }) => ({
+              id: message.id!,
+              data: JSON.parse(message.data!) as Arrival['data'],
+              headers: JSON.parse(message.headers!) as Record<string, string>,
+            })),
+          ),
+        count: () => withRedis(server.url, (client) => client.xLen(stream)),
+      };
+    },
+  },
+  {
+    kind: 'mqtt',
+    // QoS 1 all the way: a repeat is delivered again; consumers deduplicate on message-id.
+    dropsRepeats: false,
+    async destination(server) {
+      const prefix = uniqueName('faults');
+      const got: Arrival[] = [];
+      // A persistent session: what the broker takes while the subscriber reconnects waits for it,
+      // across the broker's restart too.
+      const client = await connectAsync(server.url, {
+        protocolVersion: 5,
+        clientId: uniqueName('sub'),
+        clean: false,
+        properties: { sessionExpiryInterval: 3600 },
+        reconnectPeriod: 100,
+      });
+      subscribers.push(client);
+      client.on('message', (_topic, payload, packet) => {
+        const properties = (packet.properties?.userProperties ?? {}) as Record<string, string>;
+        const headers: Record<string, string> = {};
+        // The CloudEvents attributes are user properties without the ce- of other brokers.
+        for (const [name, value] of Object.entries(properties)) {
+          headers[CLOUDEVENTS.includes(name) ? `ce-${name}` : name] = value;
+        }
+        got.push({ id: properties['message-id']!, data: JSON.parse(payload.toString()), headers });
+      });
+      await client.subscribeAsync(`${prefix}/#`, { qos: 1 });
+      return {
+        to: { mqtt: { url: server.url, topic: `${prefix}/{partition}`, qos: 1, timeout: 1000 } },
+        async arrivals() {
+          // What the broker took reaches the subscriber a moment later: until nothing more comes.
+          for (let seen = -1; seen !== got.length;) {
+            seen = got.length;
+            await sleep(300);
+          }
+          return [...got];
+        },
+        count: async () => got.length,
+      };
+    },
+  },
 ];
+
+const CLOUDEVENTS = ['specversion', 'id', 'type', 'source', 'subject', 'time'];
+/** The MQTT subscribers of the file's tests, closed after it. */
+const subscribers: MqttClient[] = [];
+
+const redisClient = (url: string) => createClient({ url });
+
+async function withRedis<T>(
+  url: string,
+  use: (client: ReturnType<typeof redisClient>) => Promise<T>,
+): Promise<T> {
+  const client = redisClient(url);
+  client.on('error', () => undefined);
+  await client.connect();
+  try {
+    return await use(client);
+  } finally {
+    client.destroy();
+  }
+}
 
 async function natsArrivals(url: string, stream: string): Promise<Arrival[]> {
   const nc = await connect({ servers: url });
@@ -84,7 +168,8 @@ async function natsArrivals(url: string, stream: string): Promise<Arrival[]> {
         for (const [k] of m.headers!) headers[k] = m.headers!.get(k);
         out.push({ id: m.headers!.get('Nats-Msg-Id'), data: m.json(), headers });
       }
-      if (out.length === before) throw new Error(`read ${out.length} of ${state.messages} messages of ${stream}`);
+      if (out.length === before)
+        throw new Error(`read ${out.length} of ${state.messages} messages of ${stream}`);
     }
     return out;
   } finally {
@@ -101,12 +186,12 @@ interface Load {
 }
 
 /**
- * appendLoad() in rounds (8 writers, 50 keys, a fifth of the transactions rolled back) until
- * stopped. A round starts once the one before committed, so commit order per key runs across
- * rounds: each message's type names its round (it arrives as ce-type), its label gets the
- * round, and each key's seq counts on from the rounds before.
+ * appendLoad() in rounds (8 writers, 50 keys, a fifth of the transactions rolled back), `pauseMs`
+ * apart, until stopped. A round starts once the one before committed, so each key's commit order
+ * runs on across rounds: each message's type names its round (it arrives as ce-type), its label
+ * gets the round, and each key's seq counts on from the rounds before.
  */
-function keepAppending(ordo: Ordo, topic: string): Load {
+function keepAppending(ordo: Ordo, topic: string, pauseMs: number): Load {
   let stopping = false;
   const committed: Committed[] = [];
   // Zero for keys no round wrote yet.
@@ -118,10 +203,14 @@ function keepAppending(ordo: Ordo, topic: string): Load {
       const round = `round-${r}`;
       before.set(round, new Map(counts));
       for (const m of await appendLoad(ordo, topic, { perWriter: 5, type: () => round })) {
-        committed.push({ key: m.key, seq: before.get(round)!.get(m.key)! + m.seq, label: `${m.label}@${round}` });
+        committed.push({
+          key: m.key,
+          seq: before.get(round)!.get(m.key)! + m.seq,
+          label: `${m.label}@${round}`,
+        });
         counts.set(m.key, (counts.get(m.key) ?? 0) + 1);
       }
-      await sleep(50);
+      await sleep(pauseMs);
     }
   })();
   return {
@@ -138,10 +227,11 @@ function keepAppending(ordo: Ordo, topic: string): Load {
   };
 }
 
-/** A relay in a process of its own (test/support/relay-process.ts). */
+/** A relay in a process of its own (test/support/relay-process.ts), started ahead of its relay. */
 interface RelayProcess {
   child: ChildProcess;
-  ready: Promise<void>;
+  /** Starts the relay once the process is loaded; resolves once the relay runs. */
+  start(): Promise<void>;
   /** Resolves once the process reported at least `n` messages confirmed by the broker. */
   delivered(n: number, ms?: number): Promise<void>;
   /** The exit code (null when killed by a signal). */
@@ -152,13 +242,24 @@ interface RelayProcess {
 let server: OwnPostgres;
 let ordo: Ordo;
 const children = new Set<ChildProcess>();
+const brokers: BrokerServer[] = [];
+
+/** A broker server of one test's own, removed after the file. */
+async function serverOf(kind: BrokerKind): Promise<BrokerServer> {
+  const broker = await brokerServer(kind);
+  brokers.push(broker);
+  return broker;
+}
 
 beforeAll(async () => {
   server = await ownPostgres();
-  ordo = await createOrdo({ databaseUrl: server.url });
+  // The tests run at once, each with its writers and relays.
+  ordo = await createOrdo({ databaseUrl: server.url, poolSize: 40 });
 });
 afterAll(async () => {
   for (const c of children) c.kill('SIGKILL');
+  await Promise.all(subscribers.map((s) => s.endAsync(true)));
+  await Promise.all(brokers.map((b) => b.remove()));
   await ordo?.close();
   await server?.stop();
 });
@@ -166,8 +267,8 @@ afterAll(async () => {
 function relayProcess(options: RelayOptions): RelayProcess {
   const child = spawn(
     process.execPath,
-    ['--import', 'tsx', 'test/support/relay-process.ts', server.url, JSON.stringify(options)],
-    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] },
+    ['--import', 'tsx', 'test/support/relay-process.ts', server.url, JSON.stringify(options), 'wait'],
+    { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] },
   );
   children.add(child);
   let output = '';
@@ -179,36 +280,76 @@ function relayProcess(options: RelayOptions): RelayProcess {
       resolve(code);
     }),
   );
-  const ready = new Promise<void>((resolve, reject) => {
-    createInterface({ input: child.stdout! }).on('line', (line) => {
-      output += `${line}\n`;
-      if (line === 'ready') resolve();
-      if (line.startsWith('delivered ')) delivered = Number(line.slice('delivered '.length));
-    });
-    void exited.then(() => reject(new Error(`the relay process exited before it was ready:\n${output}`)));
+  const heard = new Set<string>();
+  createInterface({ input: child.stdout! }).on('line', (line) => {
+    output += `${line}\n`;
+    if (line.startsWith('delivered ')) delivered = Number(line.slice('delivered '.length));
+    else heard.add(line);
   });
+  const waitFor = async (what: string, done: () => boolean, ms: number) => {
+    try {
+      await until(
+        what,
+        () => {
+          if (done()) return true;
+          if (child.exitCode !== null || child.signalCode !== null) throw new Error('the process exited');
+          return false;
+        },
+        ms,
+      );
+    } catch (e) {
+      throw new Error(
+        `the relay process: ${what}: ${(e as Error).message}; it said:\n${output.slice(-3000)}`,
+        { cause: e },
+      );
+    }
+  };
   return {
     child,
-    ready,
+    async start() {
+      await waitFor('loaded', () => heard.has('loaded'), 30_000);
+      child.stdin!.write('go\n');
+      await waitFor('ready', () => heard.has('ready'), 10_000);
+    },
     exited,
     output: () => output,
-    async delivered(n, ms = 15_000) {
-      await until(`the relay process delivered ${n} (it said:\n${output.slice(-2000)})`, () => delivered >= n, ms);
-    },
+    delivered: (n, ms = 15_000) => waitFor(`delivered ${n}`, () => delivered >= n, ms),
   };
 }
 
-describe.each(CASES)('a relay to $kind under faults', (c) => {
-  let broker: BrokerServer;
+/**
+ * SIGKILL while the broker holds messages the relay has not acknowledged (published, confirmed
+ * or not, their batch not yet acknowledged): the moment a crash leaves something to send again.
+ * The process is frozen (SIGSTOP) while the broker and the database are compared, long enough
+ * for what it sent to land; when nothing is in flight it runs on a little and is looked at again.
+ * Resolves with what the broker held and the subscription had acknowledged at the kill.
+ */
+async function killMidBatch(
+  relay: RelayProcess,
+  name: string,
+  destination: Destination,
+): Promise<{ stored: number; delivered: number }> {
+  for (let look = 1; ; look++) {
+    relay.child.kill('SIGSTOP');
+    // Less than the lease's renewal margin: the frozen process keeps its partitions.
+    await sleep(100);
+    const delivered = (await ordo.outbox.lag(name)).delivered;
+    const stored = await destination.count();
+    if (stored > delivered || look === 100) {
+      relay.child.kill('SIGKILL');
+      expect(await relay.exited).toBe(null);
+      return { stored, delivered };
+    }
+    relay.child.kill('SIGCONT');
+    await sleep(Math.random() * 20);
+  }
+}
 
-  beforeAll(async () => {
-    broker = await brokerServer(c.kind);
-  });
-  afterAll(async () => {
-    await broker?.remove();
-  });
-
+// Every test has a broker server of its own, and they all run at once: the outage tests spend
+// most of their time waiting.
+describe.concurrent.each(CASES)('a relay to $kind under faults', (c) => {
   it('a relay process killed with SIGKILL mid-run and started again: every committed message, in commit order per key', async () => {
+    const broker = await serverOf(c.kind);
     const destination = await c.destination(broker);
     const topic = uniqueName('t');
     const options: RelayOptions = {
@@ -222,29 +363,25 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
       maxRetryDelay: '500ms',
       to: destination.to,
     };
-    const T0 = performance.now();
+    // Both processes are started now (a process takes seconds to load), their relays later.
+    const [first, second] = [relayProcess(options), relayProcess(options)];
     // A backlog first, so that the relay is busy publishing when it is killed.
     await ordo.outbox.createSubscription({ name: options.name, topic, partitions: 4 });
-    const load = keepAppending(ordo, topic);
-    let committed: Committed[] = [];
+    const load = keepAppending(ordo, topic, 0);
+    let committed: Committed[];
+    let atKill: { stored: number; delivered: number };
     try {
-      await until('a backlog', async () => (await ordo.outbox.lag(options.name)).messagesBehind >= 1000);
-      console.log('T', "await until('a backlog'", Math.round(performance.now()-T0));
-      const first = relayProcess(options);
-      await first.ready;
-      console.log('T', 'await first.ready;', Math.round(performance.now()-T0));
-      await first.delivered(300);
-      console.log('T', 'await first.delivered(300);', Math.round(performance.now()-T0));
-      first.child.kill('SIGKILL');
-      expect(await first.exited).toBe(null);
-      console.log('T', 'expect(await first.exited)', Math.round(performance.now()-T0));
-      const second = relayProcess(options);
-      await second.ready;
-      console.log('T', 'await second.ready;', Math.round(performance.now()-T0));
-      await second.delivered(300);
-      console.log('T', 'await second.delivered(300);', Math.round(performance.now()-T0));
+      await until(
+        'a backlog',
+        async () => (await ordo.outbox.lag(options.name)).messagesBehind >= 600,
+        30_000,
+      );
+      await first.start();
+      await first.delivered(200);
+      atKill = await killMidBatch(first, options.name, destination);
+      await second.start();
+      await second.delivered(200);
       committed = await load.stop();
-      console.log('T', 'committed = await load.stop();', Math.round(performance.now()-T0));
       await until(
         'the second relay process delivered everything',
         async () => (await ordo.outbox.lag(options.name)).messagesBehind === 0,
@@ -252,24 +389,27 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
       );
       // SIGTERM: the relay finishes what is in flight, gives its partitions up and exits 0.
       second.child.kill('SIGTERM');
-      console.log('T', "second.child.kill('SIGTERM');", Math.round(performance.now()-T0));
       expect(await second.exited, second.output()).toBe(0);
-      console.log('T', 'expect(await second.exited, second.output()).toBe(0);', Math.round(performance.now()-T0));
     } finally {
       await load.stop();
     }
 
     const lag = await ordo.outbox.lag(options.name);
-    expect(lag.partitions.map((p) => p.owner)).toEqual([null, null, null, null]);
+    // Given up at SIGTERM, not left to lapse.
+    expect(
+      lag.partitions.map((p) => p.owner),
+      `the first process was ${first.child.pid}, the second ${second.child.pid}; leases: ${JSON.stringify(lag.partitions)}`,
+    ).toEqual([null, null, null, null]);
     expect(lag).toMatchObject({ messagesBehind: 0, attempts: 0, deadLettered: 0 });
-    // The kill landed while batches were handed out and not yet acknowledged.
-    expect(lag.redelivered).toBeGreaterThan(0);
+    // The kill landed while the broker held messages the relay had not acknowledged.
+    expect(atKill.stored).toBeGreaterThan(atKill.delivered);
     const repeats = checkArrivals((await destination.arrivals()).map(load.relabel), committed);
-    // Repeats only of messages handed out again: those in flight at the kill.
-    expect(repeats).toBeLessThanOrEqual(c.dropsRepeats ? 0 : lag.redelivered);
+    // Repeats only of those: the messages in flight at the kill.
+    expect(repeats).toBeLessThanOrEqual(c.dropsRepeats ? 0 : atKill.stored - atKill.delivered);
   });
 
   it('the broker stopped for 10 s mid-run and started again: lag grows, the relay resumes by itself, nothing lost, nothing parked', async () => {
+    const broker = await serverOf(c.kind);
     const destination = await c.destination(broker);
     const topic = uniqueName('t');
     const name = uniqueName('outage');
@@ -281,12 +421,21 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
       // A low ceiling of the back-off, so that the relay is back soon after the broker.
       retryDelay: '100ms',
       maxRetryDelay: '1s',
+      // An outage that counted attempts would park messages within its first second.
+      maxAttempts: 2,
       to: destination.to,
     });
-    const load = keepAppending(ordo, topic);
-    let committed: Committed[] = [];
+    const load = keepAppending(ordo, topic, 50);
+    let committed: Committed[];
     try {
-      await until('the relay delivered', () => relay.state().delivered >= 200);
+      await until('the relay delivered', () => relay.state().delivered >= 200, 30_000).catch(
+        async (e: Error) => {
+          const lag = await relay.lag();
+          throw new Error(`${e.message}: ${JSON.stringify({ state: relay.state(), lag })}`, { cause: e });
+        },
+      );
+      // SIGTERM, as an operator stops a broker: what a broker confirmed and had not yet written
+      // out when it crashed would be the broker's loss, which no relay can make up for.
       await broker.stop();
       const stoppedAt = performance.now();
 
@@ -306,7 +455,11 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
       const down = await relay.lag();
       expect(relay.state().state).toBe('failing');
       expect(down.messagesBehind).toBeGreaterThan(0);
-      expect(down).toMatchObject({ attempts: 0, deadLettered: 0 });
+      expect(
+        down.partitions.filter((p) => p.attempts > 0).map((p) => p.lastError),
+        'failures counted as attempts',
+      ).toEqual([]);
+      expect(down.deadLettered).toBe(0);
       const deliveredBefore = relay.state().delivered;
 
       await broker.start();
@@ -318,13 +471,16 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
       await sleep(500);
       committed = await load.stop();
       await until('the relay caught up', async () => (await relay.lag()).messagesBehind === 0, 20_000);
+      await until(
+        'the relays table showing it running again',
+        async () => (await ordo.outbox.relays()).find((r) => r.name === name)?.state === 'running',
+      );
     } finally {
       await load.stop();
       await relay.stop();
-      if (!broker.running) await broker.start();
     }
 
-    expect(await ordo.outbox.deadLetters(name)).toEqual([]);
+    expect((await ordo.outbox.deadLetters(name)).map((d) => d.error)).toEqual([]);
     const status = (await ordo.outbox.relays()).find((r) => r.name === name)!;
     expect(status).toMatchObject({ messagesBehind: 0, attempts: 0, deadLettered: 0 });
     // Its last failure is still shown, older than its last checkpoint.
@@ -334,6 +490,7 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
   });
 
   it('a relay stopped with stop() finishes the publishes in flight: nothing leased, nothing published past its checkpoint', async () => {
+    const broker = await serverOf(c.kind);
     const destination = await c.destination(broker);
     const topic = uniqueName('t');
     const committed = await appendLoad(ordo, topic, { perWriter: 100 });
@@ -363,7 +520,10 @@ describe.each(CASES)('a relay to $kind under faults', (c) => {
     expect(end.reason).toBe('stopped');
 
     const lag = await relay.lag();
-    expect(lag.partitions.map((p) => p.owner)).toEqual([null, null, null, null]);
+    expect(
+      lag.partitions.map((p) => p.owner),
+      JSON.stringify(lag.partitions),
+    ).toEqual([null, null, null, null]);
     // Stopped mid-run, and the batch under way at stop() was finished, not given up.
     expect(lag.delivered).toBeLessThan(committed.length);
     expect(lag.delivered).toBeGreaterThan(deliveredAtStop);

@@ -79,6 +79,8 @@ const RECIPES: Record<BrokerKind, Recipe> = {
           'allow_anonymous true',
           'persistence true',
           `persistence_location ${dir}/`,
+          // A subscriber away while a relay catches up misses nothing.
+          'max_queued_messages 100000',
           'log_dest stderr',
           '',
         ].join('\n'),
@@ -129,7 +131,9 @@ export async function brokerServer(kind: BrokerKind): Promise<BrokerServer> {
     });
     started.once('error', (e) => (output += `\n${e.message}`));
     exited = new Promise<void>((resolve) => started.once('close', () => resolve()));
-    const failed = exited.then(() => `${command} exited with ${started.signalCode ?? `status ${started.exitCode}`}`);
+    const failed = exited.then(
+      () => `${command} exited with ${started.signalCode ?? `status ${started.exitCode}`}`,
+    );
     const timeout = sleep(START_TIMEOUT_MS, `${command} did not start within ${START_TIMEOUT_MS} ms`, {
       ref: false,
     });
