@@ -142,6 +142,8 @@ export class Consumer {
   private woken = false;
   private wakeUp: (() => void) | undefined;
   private heartbeat: NodeJS.Timeout | undefined;
+  /** The renewal in flight: awaited before the lease is released, which it would otherwise take back. */
+  private renewing: Promise<void> = Promise.resolve();
   private abort = new AbortController();
   /** The batch of a lapsed lease, failed when this consumer took the lease: acted on before the next batch. */
   private lapsed: Failure | undefined;
@@ -238,6 +240,7 @@ export class Consumer {
     }
     this.abort.abort();
     clearInterval(this.heartbeat);
+    await this.renewing;
     if (this.leased) {
       this.leased = false;
       await this.pool
@@ -270,7 +273,9 @@ export class Consumer {
     // stop() may have come while the lease was being taken: it must still end this consumer.
     if (this.stopping) this.abort.abort();
     clearInterval(this.heartbeat);
-    this.heartbeat = setInterval(() => void this.renew(), this.settings.leaseMs / 3);
+    this.heartbeat = setInterval(() => {
+      this.renewing = this.renew();
+    }, this.settings.leaseMs / 3);
     this.heartbeat.unref();
     return true;
   }

@@ -56,9 +56,10 @@ export const nats: Broker<NatsConfig> = {
   describe: (c) => `nats ${c.servers.map((s) => withoutPassword(new URL(s))).join(',')} subject ${c.subject}`,
   load,
   async connect(config): Promise<Publisher> {
-    const [{ connect, headers }, { jetstream }] = await load();
+    const [{ connect, headers }, { jetstream, jetstreamManager }] = await load();
     const nc = await connect({ servers: config.servers, maxReconnectAttempts: -1 });
     const js = jetstream(nc);
+    const jsm = await jetstreamManager(nc, { timeout: config.timeoutMs });
     return {
       async publish(m) {
         if (!SUBJECT.test(m.destination)) {
@@ -69,11 +70,15 @@ export const nats: Broker<NatsConfig> = {
         try {
           await js.publish(m.destination, m.body, { msgID: m.id, headers: h, timeout: config.timeoutMs });
         } catch (e) {
-          // No stream takes the subject, or the stream refused the message (too large, …): the
-          // server answered, and it would answer the same again.
           const name = (e as Error).constructor?.name;
-          if (name === 'JetStreamNotEnabled' || name === 'JetStreamApiError') {
+          // The stream refused the message (too large, …): it would answer the same again.
+          if (name === 'JetStreamApiError') {
             throw new Refused(`NATS refused ${m.destination}: ${(e as Error).message}`, { cause: e });
+          }
+          // Nobody answered: no stream takes the subject, or JetStream is not up yet (a server
+          // restarting). Only the first is the message's: JetStream says so when asked.
+          if (name === 'JetStreamNotEnabled' && (await noStreamTakes(jsm, m.destination))) {
+            throw new Refused(`NATS refused ${m.destination}: no stream takes this subject`, { cause: e });
           }
           throw e;
         }
@@ -84,3 +89,16 @@ export const nats: Broker<NatsConfig> = {
     };
   },
 };
+
+/** Whether JetStream answers that no stream takes `subject` (false when it does not answer). */
+async function noStreamTakes(
+  jsm: { streams: { find(subject: string): Promise<string> } },
+  subject: string,
+): Promise<boolean> {
+  try {
+    await jsm.streams.find(subject);
+    return false;
+  } catch (e) {
+    return (e as Error).constructor?.name === 'StreamNotFoundError';
+  }
+}
