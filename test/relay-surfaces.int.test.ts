@@ -140,6 +140,8 @@ describe('ordo serve --relays FILE', () => {
     const serve = await startServer({ databaseUrl: server.url, args: ['--relays', file] });
     await ordo.outbox.append(relay.topic, { type: 'a', data: { n: 1 } });
     await until('published', async () => (await stored(stream)) === 1, 20_000);
+    // The broker confirmed it; the checkpoint follows in the relay's next statement.
+    await until('acknowledged', async () => (await relayNamed(relay.name))?.delivered === 1);
     const res = await fetch(`${serve.url}/v1/relays`);
     expect(res.status).toBe(200);
     expect(await res.json()).toEqual(

@@ -394,6 +394,7 @@ describe('routes', () => {
         'POST /v1/sequences/{name}/next',
         'PUT /v1/sequences/{name}',
         'POST /v1/topics/{topic}/messages',
+        'GET /v1/relays',
         'GET /v1/subscriptions',
         'GET /v1/subscriptions/{name}',
         'PUT /v1/subscriptions/{name}',

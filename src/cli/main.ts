@@ -113,7 +113,9 @@ const COMMANDS: Record<string, Command> = {
         app.log.info(m),
       );
       const signal = await stopping;
-      app.log.info({ signal }, 'stopping: finishing requests and relays in flight');
+      app.log.info({ signal }, 'stopping: finishing requests in flight');
+      if (relays.length > 0)
+        app.log.info({ relays: relays.length }, 'stopping: finishing the relays in flight');
       // No new connections; requests in flight are answered (each answered number was committed),
       // and each relay's batches in flight are confirmed or handed back.
       await Promise.all([app.close(), ...relays.map((r) => r.stop())]);
