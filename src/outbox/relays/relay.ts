@@ -159,7 +159,11 @@ export class RelayRunner implements Relay {
         onError?.(e);
       },
     });
-    await this.outbox.started(this.name, this.broker, this.stats.target);
+    // A relay nobody could see is not started: it stops, and the caller hears why.
+    await this.outbox.started(this.name, this.broker, this.stats.target).catch(async (e: unknown) => {
+      await this.subscription!.stop();
+      throw e;
+    });
     void this.subscription.done.then(() => {
       this.stats.state = 'stopped';
       return this.disconnect();
