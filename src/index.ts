@@ -40,9 +40,11 @@ export {
 } from './outbox/outbox.js';
 export {
   MAX_WINDOW,
+  RELAY_STATES,
   type Relay,
   type RelayOptions,
   type RelayState,
+  type RelayStateName,
   type RelayStatus,
   type RelayTarget,
 } from './outbox/relays/relay.js';

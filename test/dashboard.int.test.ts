@@ -3,7 +3,8 @@
 // show anything without a read token, says when a token is wrong, then shows what an
 // application's day looks like: invoice numbers per tenant with a counter held by an open
 // transaction, an orders topic whose billing subscription waits for an open transaction (naming
-// it), a payment API throttle with running permits. It follows values live, reads without
+// it), relays of the orders to Redis and of receipts to a webhook that does not answer, a payment
+// API throttle with running permits. It follows values live, reads without
 // colour, fits a phone, renders hostile names as text, asks nothing of any other origin and logs
 // no unexpected error. Its screenshot goes to .scratch/dashboard/ on every run and to
 // docs/dashboard.png (the README's) only with ORDO_UPDATE_SCREENSHOT=1.
@@ -14,7 +15,8 @@ import type { FastifyInstance } from 'fastify';
 import pg from 'pg';
 import { type Browser, chromium, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createOrdo, type Ordo, type Permit, type Subscription } from '../src/index.js';
+import { createOrdo, type Ordo, type Permit, type Relay, type Subscription } from '../src/index.js';
+import { freePort } from '../src/db/embedded.js';
 import { buildServer, parseTokens } from '../src/server/app.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 
@@ -54,6 +56,9 @@ let holder: { client: pg.Client; pid: number };
 let appender: { client: pg.Client; pid: number };
 let permit: Permit;
 let billing: Subscription;
+const relays: Relay[] = [];
+/** Where the receipts relay posts: a port nothing listens on. */
+let deadHook: string;
 /** What billing's consumer was handed, by message id. */
 const billed: string[] = [];
 /** The message the open transaction appended: billing's only undelivered one. */
@@ -188,6 +193,29 @@ beforeAll(async () => {
     { tx: appender.client },
   );
 
+  // Relays: the orders to a Redis stream (the machine's Redis), the receipts to a webhook whose
+  // receiver is away, so that relay is failing and says why.
+  relays.push(
+    await ordo.outbox.relay({
+      name: 'orders-to-redis',
+      topic: 'orders',
+      to: { redis: { url: 'redis://127.0.0.1:6379', stream: `ordo-dashboard-${process.pid}-${Date.now()}` } },
+    }),
+  );
+  deadHook = `http://127.0.0.1:${await freePort()}/hooks/receipts`;
+  relays.push(
+    await ordo.outbox.relay({
+      name: 'receipts-to-hooks',
+      topic: 'receipts',
+      to: { webhook: { url: deadHook, secret: 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw' } },
+    }),
+  );
+  await ordo.outbox.append('receipts', {
+    type: 'ReceiptIssued',
+    key: 'order-1040',
+    data: { order: 'order-1040' },
+  });
+
   // Throttles: the payment API, two calls at a time per tenant, with permits running and a
   // refusal; reports once an hour, one completed and one failed.
   await ordo.throttles.define({ name: 'payment_api', concurrency: 2, limit: 20, per: '1s', lease: '5m' });
@@ -247,6 +275,7 @@ afterAll(async () => {
   await workload?.catch(() => undefined);
   await browser?.close();
   await billing?.stop().catch(() => undefined);
+  await Promise.all(relays.map((r) => r.stop().catch(() => undefined)));
   await Promise.all(clients.map((c) => c.end().catch(() => undefined)));
   await app?.close();
   await ordo?.close();
@@ -429,6 +458,21 @@ describe('the dashboard in Chromium', () => {
     expect(letters[0]).toContain('key \u201ccustomer-2177\u201d');
     expect(letters[0]).toContain('Error: 550 5.1.1 mailbox unavailable');
     expect(letters[1]).toContain('Error: SMTP 421 4.7.0 try again later');
+
+    // Relays: each says where it publishes; the one whose webhook is away is failing, and why.
+    const toRedis = card('subscription', 'orders-to-redis');
+    await expect.poll(() => tagsOf('orders-to-redis', 'subscription'), WAIT).toContain('relay to redis');
+    expect(await toRedis.locator('p.def').first().innerText()).toMatch(
+      /^topic orders · redis redis:\/\/127\.0\.0\.1:6379\/? stream ordo-dashboard-/,
+    );
+    await expect
+      .poll(() => tagsOf('receipts-to-hooks', 'subscription'), WAIT)
+      .toEqual(['behind', 'relay to webhook', 'failing']);
+    const hooks = card('subscription', 'receipts-to-hooks');
+    expect(await hooks.locator('p.def').first().innerText()).toContain(`webhook POST ${deadHook}`);
+    await expect
+      .poll(() => hooks.locator('dl.facts').innerText(), WAIT)
+      .toMatch(/Broker\s+.*ECONNREFUSED.* ago/s);
 
     // Throttles: the running permits with their keys and holders; the refusal; how permits ended.
     const payments = card('throttle', 'payment_api');

@@ -3,7 +3,7 @@ import { type Ordo, REFUSAL_REASONS } from '../index.js';
 import { DASHBOARD_CSS, DASHBOARD_ICON, dashboardHtml } from './dashboard-page.js';
 import { DASHBOARD_SCRIPT } from './dashboard-script.js';
 import { dashboardReader, HISTORY_POINTS } from './dashboard-snapshot.js';
-import { ERROR } from './schemas.js';
+import { ERROR, RELAY_FIELDS } from './schemas.js';
 
 /**
  * The page may load only its own script, style and icon from this server and talk only to it:
@@ -123,6 +123,11 @@ const SUBSCRIPTION = obj({
     },
   },
   deadLettered: INT,
+  relay: {
+    ...obj(RELAY_FIELDS),
+    type: ['object', 'null'],
+    description: 'the relay this subscription is, if it is one',
+  },
   history: HISTORY,
   partitions: { type: 'array', items: obj({ partition: INT, position: INT, ...PROGRESS }) },
   deadLetters: {

@@ -249,9 +249,12 @@ export const DASHBOARD_SCRIPT = String.raw`'use strict';
       ? tag('behind', 'warn')
       : waitsForIt ? tag('waiting for an open transaction', 'warn') : tag('up to date', 'good');
     var card = h('article', { class: 'card', 'data-subscription': s.name },
-      h('h3', null, s.name, state, s.attempts > 0 ? tag('failing', 'bad') : null,
+      h('h3', null, s.name, state,
+        s.relay ? tag('relay to ' + s.relay.broker, s.relay.state === 'stopped' ? null : 'good') : null,
+        s.attempts > 0 || (s.relay && s.relay.state === 'failing') ? tag('failing', 'bad') : null,
         s.deadLettered > 0 ? tag(num(s.deadLettered) + ' dead', 'warn') : null),
-      h('p', { class: 'def' }, 'topic ' + s.topic + (s.partitions.length > 1 ? ' \u00b7 ' + s.partitions.length + ' partitions' : '')),
+      h('p', { class: 'def' }, 'topic ' + s.topic + (s.partitions.length > 1 ? ' \u00b7 ' + s.partitions.length + ' partitions' : '') +
+        (s.relay ? ' \u00b7 ' + s.relay.target : '')),
       facts([
         ['Lag', num(s.messagesBehind) + ' message' + (s.messagesBehind === 1 ? '' : 's')],
         ['Oldest', s.oldestAgeMs === null ? 'none waiting' : duration(s.oldestAgeMs) + ' old'],
@@ -260,6 +263,10 @@ export const DASHBOARD_SCRIPT = String.raw`'use strict';
         ['Dead letters', num(s.deadLettered)],
         ['Consumer', s.owner ? [s.owner, ' (lease: ', left(s.leaseUntil, now), ')'] : 'none holds the lease'],
         s.attempts > 0 ? ['Failing', 'attempt ' + s.attempts + (s.lastError ? ': ' + s.lastError : '')] : null,
+        // A broker away is retried without counting attempts: the relay's own last error says why.
+        s.relay && s.relay.state === 'failing' && s.relay.lastRelayError
+          ? ['Broker', [s.relay.lastRelayError, ' (' + ago(s.relay.lastRelayErrorAt, now) + ')']] : null,
+        s.relay && s.relay.state === 'stopped' ? ['Relay', 'no process runs it'] : null,
         s.waiting > 0 ? ['Open appenders', num(s.waiting) + ' open transaction' + (s.waiting === 1 ? '' : 's') + ' appended to the topic'] : null,
       ]));
     if (blocker) {

@@ -7,6 +7,7 @@ import {
   type OrdoError,
   type PartitionLag,
   REFUSAL_REASONS,
+  type RelayStatus,
   type RunningPermit,
   type SequenceDefinition,
   type SubscriptionLag,
@@ -58,7 +59,15 @@ export interface DeadLetterRow extends Omit<DeadLetter, 'data' | 'headers' | 'to
   data: string;
 }
 
+/** Where a relay publishes and how it fares; a relay is a subscription whose handler is a broker. */
+export type RelayPanel = Pick<
+  RelayStatus,
+  'broker' | 'target' | 'state' | 'startedAt' | 'lastRelayError' | 'lastRelayErrorAt'
+>;
+
 export interface SubscriptionPanel extends Omit<SubscriptionLag, 'partitions'> {
+  /** The relay this subscription is, if it is one. */
+  relay: RelayPanel | null;
   deliveredPerSecond: number | null;
   history: (number | null)[];
   partitions: (PartitionLag & { deliveredPerSecond: number | null })[];
@@ -141,16 +150,18 @@ export function dashboardReader(ordo: Ordo): () => Promise<DashboardSnapshot> {
 }
 
 async function read(ordo: Ordo, history: RateHistory): Promise<DashboardSnapshot> {
-  const [definitions, activity, counters, ranges, holders, lags, throttles, running] = await Promise.all([
-    ordo.sequences.list(),
-    ordo.sequences.activity(),
-    ordo.sequences.counters({ limit: LIMITS.countersRead }),
-    ordo.sequences.ranges(),
-    ordo.sequences.holders(),
-    ordo.outbox.subscriptions(),
-    ordo.throttles.list(),
-    ordo.throttles.running(),
-  ]);
+  const [definitions, activity, counters, ranges, holders, lags, relays, throttles, running] =
+    await Promise.all([
+      ordo.sequences.list(),
+      ordo.sequences.activity(),
+      ordo.sequences.counters({ limit: LIMITS.countersRead }),
+      ordo.sequences.ranges(),
+      ordo.sequences.holders(),
+      ordo.outbox.subscriptions(),
+      ordo.outbox.relays(),
+      ordo.throttles.list(),
+      ordo.throttles.running(),
+    ]);
   const [deadLetters, keys] = await Promise.all([
     Promise.all(
       lags.map((s) =>
@@ -220,8 +231,10 @@ async function read(ordo: Ordo, history: RateHistory): Promise<DashboardSnapshot
     };
   });
 
+  const relayOf = new Map(relays.map((r) => [r.name, r]));
   const subscriptions = lags.map((s, i): SubscriptionPanel => ({
     ...s,
+    relay: relayPanel(relayOf.get(s.name)),
     deliveredPerSecond: rate(TOTAL.delivered(s.name)),
     history: series(TOTAL.delivered(s.name)),
     partitions: s.partitions.map((p) => ({
@@ -281,6 +294,12 @@ async function read(ordo: Ordo, history: RateHistory): Promise<DashboardSnapshot
     subscriptions,
     throttles: throttlePanels,
   };
+}
+
+function relayPanel(r: RelayStatus | undefined): RelayPanel | null {
+  if (!r) return null;
+  const { broker, target, state, startedAt, lastRelayError, lastRelayErrorAt } = r;
+  return { broker, target, state, startedAt, lastRelayError, lastRelayErrorAt };
 }
 
 function deadLetterRow(d: DeadLetter): DeadLetterRow {

@@ -13,9 +13,8 @@ import {
   OUTBOX_NAME_PATTERN,
   type Ordo,
   type ReceiveOptions,
-  RELAY_BROKERS,
 } from '../index.js';
-import { ERROR } from './schemas.js';
+import { ERROR, RELAY_FIELDS } from './schemas.js';
 
 const OUTBOX_NAME = { type: 'string', pattern: OUTBOX_NAME_PATTERN } as const;
 const TEXT = { type: ['string', 'null'], maxLength: MAX_TEXT } as const;
@@ -82,22 +81,7 @@ const LAG = {
     partitions: { type: 'array', items: PARTITION_LAG },
   },
 } as const;
-const RELAY = {
-  type: 'object',
-  properties: {
-    ...LAG.properties,
-    broker: { type: 'string', enum: RELAY_BROKERS },
-    target: { type: 'string', description: 'where it publishes, without secrets' },
-    state: {
-      type: 'string',
-      enum: ['running', 'failing', 'stopped'],
-      description: 'running: a process holds a partition and nothing failed since the last checkpoint',
-    },
-    startedAt: DATE,
-    lastRelayError: { type: ['string', 'null'], description: 'the last failure its process met' },
-    lastRelayErrorAt: DATE,
-  },
-} as const;
+const RELAY = { type: 'object', properties: { ...LAG.properties, ...RELAY_FIELDS } } as const;
 const DURATION = {
   anyOf: [
     { type: 'string', minLength: 1, maxLength: MAX_DURATION_TEXT },

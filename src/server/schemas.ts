@@ -1,4 +1,4 @@
-import { IDENTIFIER_PATTERN } from '../index.js';
+import { IDENTIFIER_PATTERN, RELAY_BROKERS, RELAY_STATES } from '../index.js';
 
 /** JSON schemas shared by the route modules. */
 
@@ -17,4 +17,19 @@ export const IF_EXISTS_QUERY = {
   type: 'object',
   additionalProperties: false,
   properties: { ifExists: { type: 'string', enum: ['true', 'false'] } },
+} as const;
+
+/** What a relay adds to its subscription's lag: where it publishes and how it fares. */
+export const RELAY_FIELDS = {
+  broker: { type: 'string', enum: RELAY_BROKERS },
+  target: { type: 'string', description: 'where it publishes, without secrets' },
+  state: {
+    type: 'string',
+    enum: RELAY_STATES,
+    description:
+      'running: a process holds a partition and nothing failed since the last checkpoint; failing: something did; stopped: no process holds one',
+  },
+  startedAt: { type: 'string', format: 'date-time' },
+  lastRelayError: { type: ['string', 'null'], description: 'the last failure its process met' },
+  lastRelayErrorAt: { type: ['string', 'null'], format: 'date-time' },
 } as const;

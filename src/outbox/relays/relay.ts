@@ -19,6 +19,13 @@ export interface RelayOptions extends Omit<SubscribeOptions, 'handler' | 'batchS
   window?: number;
 }
 
+/**
+ * 'running': a process holds one of its partitions and nothing failed since its last checkpoint;
+ * 'failing': something did (a broker away, a message refused); 'stopped': no process holds one.
+ */
+export const RELAY_STATES = ['running', 'failing', 'stopped'] as const;
+export type RelayStateName = (typeof RELAY_STATES)[number];
+
 /** What `GET /v1/relays` and `ordo status` show of a relay running in this process. */
 export interface RelayState {
   name: string;
@@ -27,7 +34,7 @@ export interface RelayState {
   /** Where it publishes, without secrets. */
   target: string;
   /** 'running': its last publish was confirmed (or none yet); 'failing': its last one failed; 'stopped'. */
-  state: 'running' | 'failing' | 'stopped';
+  state: RelayStateName;
   /** Messages the broker confirmed since this relay started in this process. */
   delivered: number;
   lastDeliveredAt: Date | null;
@@ -39,7 +46,7 @@ export interface RelayState {
 export interface RelayStatus extends SubscriptionLag {
   broker: RelayBroker;
   target: string;
-  state: 'running' | 'failing' | 'stopped';
+  state: RelayStateName;
   startedAt: Date;
   /** The last failure its process met: a broker away, a message refused. */
   lastRelayError: string | null;
