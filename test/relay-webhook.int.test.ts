@@ -7,6 +7,7 @@
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
@@ -55,8 +56,8 @@ interface Request {
   abandonedAt?: number;
 }
 
-/** What the receiver answers a request: a status (and headers), or nothing at all. */
-type Answer = number | { status: number; headers?: Record<string, string> } | 'never';
+/** What the receiver answers a request: a status (and headers, perhaps after a while), or nothing at all. */
+type Answer = number | { status: number; headers?: Record<string, string>; afterMs?: number } | 'never';
 
 interface Receiver {
   url: string;
@@ -107,7 +108,12 @@ async function receiver(
       res.on('close', () => (request.abandonedAt = performance.now()));
       return;
     }
-    const { status, headers: extra } = typeof a === 'number' ? { status: a, headers: {} } : a;
+    const {
+      status,
+      headers: extra,
+      afterMs,
+    } = typeof a === 'number' ? { status: a, headers: {}, afterMs: 0 } : a;
+    if (afterMs) await sleep(afterMs);
     request.status = status;
     res.writeHead(status, extra).end(status >= 300 ? `answer ${status}` : 'ok');
     request.answeredAt = performance.now();
@@ -289,6 +295,44 @@ describe('relay to a webhook (Standard Webhooks)', () => {
       expect(relay.state().lastError).toMatch(/no answer within 200ms/);
     } finally {
       await relay.stop();
+      await rx.close();
+    }
+  });
+
+  it('stop() sends nothing more once called: the request in flight is answered and acknowledged, the rest waits for the next relay', async () => {
+    const topic = uniqueName('t');
+    const rx = await receiver([SECRET], () => ({ status: 200, afterMs: 50 }));
+    await appendKey(
+      topic,
+      'a',
+      Array.from({ length: 40 }, (_, i) => `m${i + 1}`),
+    );
+    const options = {
+      name: uniqueName('stopped'),
+      topic,
+      to: { webhook: { url: `${rx.url}/hooks`, secret: SECRET } },
+    };
+    const relay = await ordo.outbox.relay(options);
+    await until('three requests arrived', async () => rx.requests.length >= 3, 15_000);
+    await relay.stop();
+    const sent = rx.requests.length;
+    // The batch holds all 40: stop() did not wait for the rest of it.
+    expect(sent).toBeLessThan(40);
+    expect(rx.requests.every((r) => r.status === 200)).toBe(true);
+    // What was confirmed is acknowledged: nothing of it comes again.
+    const lag = await ordo.outbox.lag(options.name);
+    expect(lag.delivered).toBe(sent);
+    expect(lag.messagesBehind).toBe(40 - sent);
+    await sleep(200);
+    expect(rx.requests.length).toBe(sent);
+
+    const again = await ordo.outbox.relay(options);
+    try {
+      await caughtUp(again);
+      const committed = Array.from({ length: 40 }, (_, i) => ({ key: 'a', seq: i + 1, label: `m${i + 1}` }));
+      expect(checkArrivals(rx.delivered(), committed)).toBe(0);
+    } finally {
+      await again.stop();
       await rx.close();
     }
   });

@@ -360,8 +360,10 @@ export class Consumer {
         if (tx.begun) await client.query('COMMIT');
       } catch (e) {
         if (tx.begun) await client.query('ROLLBACK');
+        // What a handler handled before it stopped is acknowledged, stopping or not.
+        if (e instanceof BatchInterrupted && this.leased)
+          return await this.interrupted(client, e, messages, version);
         if (!this.leased || this.stopping) return { kind: 'lost' };
-        if (e instanceof BatchInterrupted) return await this.interrupted(client, e, messages, version);
         return await this.failed(client, e, messages, version);
       }
       this.outages = 0;
@@ -403,6 +405,7 @@ export class Consumer {
         return { kind: 'lost' };
       }
     }
+    if (this.stopping) return { kind: 'lost' };
     if (e.transient) {
       this.settings.onError?.(
         new OrdoError('handler_failed', `subscription '${this.settings.name}': ${e.message}`, {

@@ -3,7 +3,7 @@ import { describe, invalid, knownKeys, plainObject, safeInteger } from '../../va
 import { BatchInterrupted, type HandlerContext, type SubscriptionEnd } from '../consumer.js';
 import type { SubscriptionLag } from '../lag.js';
 import type { OutboxMessage } from '../messages.js';
-import { SUBSCRIBE_KEYS, type SubscribeOptions, type Subscription } from '../outbox.js';
+import { MAX_BATCH, SUBSCRIBE_KEYS, type SubscribeOptions, type Subscription } from '../outbox.js';
 import { BROKERS, type Broker, RELAY_BROKERS, type RelayBroker } from './brokers.js';
 import { parseTemplate, type Template, toRelayMessage } from './envelope.js';
 import { type Publisher, Refused, Unavailable } from './publisher.js';
@@ -13,7 +13,7 @@ export type RelayTarget = { [B in RelayBroker]: { [K in B]: Record<string, unkno
 
 export interface RelayOptions extends Omit<SubscribeOptions, 'handler' | 'batchSize'> {
   to: RelayTarget;
-  /** Most messages read per batch (default 500). */
+  /** Most messages read per batch (default 16 windows, at least 500, at most 10,000). */
   batchSize?: number;
   /** Most unconfirmed publishes per partition (default the broker's: 256, a webhook 1). */
   window?: number;
@@ -158,7 +158,7 @@ export class RelayRunner implements Relay {
     const onError = rest.onError as ((e: OrdoError) => void) | undefined;
     this.subscription = await this.outbox.subscribe({
       ...(rest as Omit<SubscribeOptions, 'handler'>),
-      batchSize: rest.batchSize === undefined ? 500 : (rest.batchSize as number),
+      batchSize: rest.batchSize === undefined ? defaultBatchSize(this.window) : (rest.batchSize as number),
       handler: (messages, context) => this.publishBatch(messages, context),
       onError: (e) => {
         this.failing(e);
@@ -191,8 +191,15 @@ export class RelayRunner implements Relay {
     return this.subscription!.stop();
   }
 
-  /** One batch: published in order, `window` at a time unconfirmed; returns once all are confirmed. */
-  private async publishBatch(messages: OutboxMessage[], { partition }: HandlerContext): Promise<void> {
+  /**
+   * One batch: published in order, `window` at a time unconfirmed; returns once all are
+   * confirmed. Once the relay stops, nothing more is published: what is in flight is confirmed,
+   * and that prefix acknowledged.
+   */
+  private async publishBatch(
+    messages: OutboxMessage[],
+    { partition, signal }: HandlerContext,
+  ): Promise<void> {
     let publisher: Publisher;
     try {
       publisher = await this.connection();
@@ -203,6 +210,7 @@ export class RelayRunner implements Relay {
     let handled = 0;
     try {
       for (const m of messages) {
+        if (signal.aborted) break;
         if (confirms.length - handled >= this.window) {
           await confirms[handled];
           handled++;
@@ -213,7 +221,13 @@ export class RelayRunner implements Relay {
         confirms.push(sent);
       }
       for (; handled < confirms.length; handled++) await confirms[handled];
+      if (handled < messages.length)
+        throw new BatchInterrupted(handled, true, new Error('the relay stopped'));
     } catch (e) {
+      if (e instanceof BatchInterrupted) {
+        this.delivered(handled);
+        throw e;
+      }
       this.delivered(handled);
       const refused = e instanceof Refused;
       // The connection may be broken: the rest goes out on a new one.
@@ -257,6 +271,14 @@ export class RelayRunner implements Relay {
 }
 
 /** What a relay needs of the outbox it runs in. */
+/**
+ * A partition's window empties at the end of every batch (the next is read once the last is
+ * acknowledged), so a batch is many windows long: that pause is paid once per 16 windows.
+ */
+function defaultBatchSize(window: number): number {
+  return Math.min(MAX_BATCH, Math.max(500, window * 16));
+}
+
 export interface RelayHost {
   subscribe(options: SubscribeOptions): Promise<Subscription>;
   lag(name: string): Promise<SubscriptionLag>;
