@@ -197,8 +197,16 @@ export function toOrdoError(error: unknown, statement?: string): OrdoError {
   return wrap(code, message, error, statement);
 }
 
+/**
+ * A server in recovery refuses what only a primary does, some of it with SQLSTATE 0A000
+ * ("cannot set transaction read-write mode during recovery"): a standby, or a primary demoted
+ * by a failover, not a feature ordo lacks.
+ */
+const IN_RECOVERY = /during recovery/i;
+
 function unavailable(sqlstate: string | undefined, message: string): boolean {
   if (sqlstate === undefined) return LOST_CONNECTION.test(message);
+  if (sqlstate === '0A000') return IN_RECOVERY.test(message);
   return (
     UNAVAILABLE_SQLSTATES.has(sqlstate) ||
     sqlstate.startsWith('08') ||
