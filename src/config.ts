@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
+import { parseConnectionString } from './db/connection-string.js';
 import { durationOption } from './durations.js';
 import { boolean, describe, identifier, invalid, knownKeys, plainObject, safeInteger } from './validate.js';
 
@@ -9,7 +10,14 @@ export interface EmbeddedOptions {
 }
 
 export interface OrdoOptions {
-  /** A PostgreSQL URL. Default: `ORDO_DATABASE_URL`, then `DATABASE_URL`. */
+  /**
+   * A PostgreSQL URL, read as libpq reads it: it may name several hosts
+   * (`postgres://h1:5432,h2:5432/db?target_session_attrs=read-write`), and then every new
+   * connection tries them in turn until one gives a session target_session_attrs accepts
+   * (read-write or primary; ordo refuses a URL that asks for a standby). `sslmode` has libpq's
+   * meaning (`prefer` falls back to a plain session, `require` does not check the certificate).
+   * Default: `ORDO_DATABASE_URL`, then `DATABASE_URL`.
+   */
   databaseUrl?: string;
   /** A `pg` pool of your own; ordo never ends it. */
   pool?: pg.Pool;
@@ -24,7 +32,7 @@ export interface OrdoOptions {
   /** Connections in the pool ordo creates (default 10). */
   poolSize?: number;
   /**
-   * A direct PostgreSQL URL for the one LISTEN connection, when `databaseUrl` goes through a
+   * A direct PostgreSQL URL (read as databaseUrl is) for the one LISTEN connection, when `databaseUrl` goes through a
    * pooler in transaction mode (PgBouncer, Supabase, Neon), where notifications are lost.
    * Default `ORDO_LISTEN_URL`; without it, LISTEN takes the same route as every query.
    */
@@ -108,7 +116,8 @@ export function resolveConfig(options: OrdoOptions = {}, env: NodeJS.ProcessEnv 
   const migrate = boolean('migrate', options.migrate ?? true);
   const poolSize = safeInteger('poolSize', options.poolSize ?? 10, 1, 1000);
   const listenUrl = options.listenUrl ?? (env.ORDO_LISTEN_URL || undefined);
-  if (listenUrl !== undefined) postgresUrl('listenUrl', listenUrl);
+  // Read here to refuse a bad one at once; createOrdo reads it again (parsing is pure).
+  if (listenUrl !== undefined) parseConnectionString('listenUrl', listenUrl);
   if (options.log !== undefined && typeof options.log !== 'function') {
     throw invalid('log must be a function ({ level, code, message }) => void');
   }
@@ -152,15 +161,8 @@ function resolveSource(options: OrdoOptions, env: NodeJS.ProcessEnv): DatabaseSo
       'no database given: pass databaseUrl, pool or embedded: true, or set ORDO_DATABASE_URL or DATABASE_URL',
     );
   }
-  return { kind: 'url', url: postgresUrl('databaseUrl', url) };
-}
-
-function postgresUrl(option: string, url: unknown): string {
-  if (typeof url !== 'string' || !/^postgres(ql)?:\/\//.test(url)) {
-    // The value is not echoed: a URL may carry a password.
-    throw invalid(`${option} must be a postgres:// or postgresql:// URL`);
-  }
-  return url;
+  parseConnectionString('databaseUrl', url);
+  return { kind: 'url', url };
 }
 
 /** ORDO_DATABASE_URL, then DATABASE_URL; an empty variable counts as unset. */

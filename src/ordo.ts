@@ -2,6 +2,8 @@ import pg from 'pg';
 import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
 import { clientLike, guardClient, hearClientErrors } from './db/clients.js';
+import { parseConnectionString } from './db/connection-string.js';
+import { MultiHostClient, type MultiHostConfig, multiHostConfig } from './db/multi-host-client.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate, quoteIdent } from './db/migrations.js';
 import { Notifications, type NotificationStatus } from './db/notifications.js';
@@ -27,7 +29,16 @@ export type DatabaseInfo =
       /** A server left running by a killed process was reused. */
       adopted: boolean;
     }
-  | { kind: 'url'; host: string; port: number; database: string; user: string }
+  | {
+      kind: 'url';
+      /** The first host of the URL (a Unix socket directory starts with `/`). */
+      host: string;
+      port: number;
+      /** Every host of the URL, in its order: each new connection takes the first that will do. */
+      hosts: { host: string; port: number }[];
+      database: string;
+      user: string;
+    }
   | { kind: 'pool' };
 
 /** The ordo client: owns the pool (unless given one) and wires the modules to it. */
@@ -53,6 +64,7 @@ export class Ordo {
     private readonly pool: pg.Pool,
     private readonly ownsPool: boolean,
     private readonly embedded: EmbeddedServer | undefined,
+    listen: MultiHostConfig | undefined,
   ) {
     this.givenUrl = config.source.kind === 'url' ? config.source.url : undefined;
     this.schema = config.schema;
@@ -62,14 +74,10 @@ export class Ordo {
     this.maintainStatement = `SELECT what, deleted FROM ${quoteIdent(config.schema)}.maintain()`;
     this.maintenance = setInterval(() => void this.maintain().catch(() => undefined), MAINTAIN_EVERY_MS);
     this.maintenance.unref();
-    const { listenUrl } = config;
     this.listener = new Notifications(
-      () =>
-        listenUrl === undefined
-          ? clientLike(pool)
-          : new pg.Client({ connectionString: listenUrl, application_name: 'ordo listen' }),
+      () => (listen === undefined ? clientLike(pool) : new MultiHostClient(listen)),
       (channel, payload) => pool.query('SELECT pg_notify($1, $2)', [channel, payload]),
-      listenUrl === undefined ? 'database' : 'listenUrl',
+      listen === undefined ? 'database' : 'listenUrl',
       config.log,
     );
     this.sequences = new Sequences(
@@ -238,38 +246,47 @@ function describeDatabase(config: Config, embedded: EmbeddedServer | undefined):
     return { kind: 'embedded', dataDir, host: '127.0.0.1', port, created, adopted };
   }
   if (config.source.kind !== 'url') return { kind: 'pool' };
-  // pg reads the same URL (more leniently); only what a person needs to recognise it is kept.
-  let url: URL;
-  try {
-    url = new URL(config.source.url);
-  } catch {
-    return { kind: 'url', host: 'unknown', port: 5432, database: 'unknown', user: 'unknown' };
-  }
+  // Only what a person needs to recognise the database: never the password.
+  const { hosts, database, user } = parseConnectionString('databaseUrl', config.source.url);
   return {
     kind: 'url',
-    host: decodeURIComponent(url.hostname) || 'localhost',
-    port: Number(url.port || 5432),
-    database: decodeURIComponent(url.pathname.slice(1)) || decodeURIComponent(url.username),
-    user: decodeURIComponent(url.username),
+    host: hosts[0]!.host,
+    port: hosts[0]!.port,
+    hosts: hosts.map(({ host, port }) => ({ host, port })),
+    database: database ?? user ?? '',
+    user: user ?? '',
   };
 }
 
 export async function createOrdo(options: OrdoOptions = {}): Promise<Ordo> {
   const config = resolveConfig(options);
   const { source } = config;
+  // Made once, before anything is started (it reads certificate files): every LISTEN
+  // connection, reconnections included, shares its host memory.
+  const listen =
+    config.listenUrl === undefined
+      ? undefined
+      : multiHostConfig('listenUrl', parseConnectionString('listenUrl', config.listenUrl), {
+          application_name: 'ordo listen',
+          connectionTimeoutMillis: config.connectTimeoutMs,
+        });
   const embedded = source.kind === 'embedded' ? await startEmbedded(source.dataDir) : undefined;
+  const [label, url] =
+    source.kind === 'url' ? ['databaseUrl', source.url] : ['the embedded URL', embedded?.url];
+  // Every URL, one host or several, is read and connected to as libpq would (multi-host-client.ts).
   const pool =
     source.kind === 'pool'
       ? source.pool
-      : new pg.Pool({
-          connectionString: embedded?.url ?? (source.kind === 'url' ? source.url : undefined),
-          max: config.poolSize,
-          application_name: 'ordo',
-          connectionTimeoutMillis: config.connectTimeoutMs,
-          // Client-side, so that it also holds behind a pooler (which refuses statement_timeout
-          // as a startup parameter); the connection of a statement cut short is closed.
-          query_timeout: config.statementTimeoutMs,
-        });
+      : new pg.Pool(
+          multiHostConfig(label, parseConnectionString(label, url), {
+            max: config.poolSize,
+            application_name: 'ordo',
+            connectionTimeoutMillis: config.connectTimeoutMs,
+            // Client-side, so that it also holds behind a pooler (which refuses statement_timeout
+            // as a startup parameter); the connection of a statement cut short is closed.
+            query_timeout: config.statementTimeoutMs,
+          }),
+        );
   const ownsPool = source.kind !== 'pool';
   // A connection that dies (server restart), idle or just handed out, must not crash the
   // process; the next query gets a fresh connection and reports its own error.
@@ -284,5 +301,5 @@ export async function createOrdo(options: OrdoOptions = {}): Promise<Ordo> {
     await embedded?.stop().catch(() => undefined);
     throw e;
   }
-  return new Ordo(config, pool, ownsPool, embedded);
+  return new Ordo(config, pool, ownsPool, embedded, listen);
 }
