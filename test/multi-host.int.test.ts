@@ -5,12 +5,15 @@
  */
 import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
+import { type AddressInfo, createServer } from 'node:net';
 import { chmod, chown, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseConnectionString } from '../src/db/connection-string.js';
 import { freePort } from '../src/db/embedded.js';
+import { currentHost, hostMemoryOf, multiHostConfig } from '../src/db/multi-host-client.js';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
 import { postgresUser, type Standby, standbyOf } from './support/standby.js';
@@ -125,6 +128,30 @@ describe('several hosts, the standby first', () => {
   });
 });
 
+describe('for failover: which host gives the session now', () => {
+  it('asked of a pool, with the remembered host forgotten or not', async () => {
+    const url = at([standby.port, primary.port], '?target_session_attrs=read-write');
+    const pool = new pg.Pool(
+      multiHostConfig('databaseUrl', parseConnectionString('databaseUrl', url), {
+        connectionTimeoutMillis: 5_000,
+      }),
+    );
+    try {
+      const memory = hostMemoryOf(pool)!;
+      expect(memory.last).toBeUndefined();
+      expect(await currentHost(pool)).toEqual({ host: '127.0.0.1', port: primary.port });
+      expect(memory.last).toEqual({ host: '127.0.0.1', port: primary.port });
+      memory.forget();
+      expect(memory.order().map((h) => h.port)).toEqual([standby.port, primary.port]);
+      const { rows } = await pool.query('SELECT inet_server_port() AS port');
+      expect(rows[0].port).toBe(primary.port);
+      expect(hostMemoryOf(new pg.Pool())).toBeUndefined();
+    } finally {
+      await pool.end();
+    }
+  });
+});
+
 describe('hosts that do not answer', () => {
   it('a dead host first (and an IPv6 address in brackets): the next host is used', async () => {
     await withOrdo(at([dead, primary.port]), async (ordo) => {
@@ -135,6 +162,37 @@ describe('hosts that do not answer', () => {
       expect(ordo.database).toMatchObject({ host: '::1', port: dead });
       expect(await ordo.nextval('mh_batched').catch((e: OrdoError) => e.code)).toBe('sequence_not_found');
     });
+  });
+
+  it('a host that accepts and never answers: connect_timeout moves on; without it, connectTimeout ends the search', async () => {
+    const silent = createServer(() => undefined);
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const port = (silent.address() as AddressInfo).port;
+    try {
+      const started = performance.now();
+      await withOrdo(at([port, primary.port], '?connect_timeout=2'), async (ordo) => {
+        expect((await session(ordo)).port).toBe(primary.port);
+      });
+      expect(performance.now() - started).toBeGreaterThanOrEqual(2_000);
+      const error = await createOrdo({ databaseUrl: at([port, primary.port]), connectTimeout: '1s' }).then(
+        (ordo) => ordo.close().then(() => undefined),
+        (e: unknown) => e as OrdoError,
+      );
+      expect(error).toBeInstanceOf(OrdoError);
+      expect(error!.code).toBe('database_unavailable');
+      // The pool says its connectTimeout ran out; the hosts tried, and the one not tried, are its cause.
+      const cause = (error!.cause as Error).cause as Error;
+      // The silent host's try is cut by its own timer or by the pool's, whichever fires first.
+      expect(cause.message).toMatch(
+        new RegExp(
+          `^no host of databaseUrl could be connected to: 127\\.0\\.0\\.1:${port} \\((timeout expired|Connection terminated unexpectedly)\\), ` +
+            // Not tried, or (when the pool's timer fired a moment early) given the moment left.
+            `127\\.0\\.0\\.1:${primary.port} \\((not tried: connectTimeout ran out|timeout expired)\\)$`,
+        ),
+      );
+    } finally {
+      silent.close();
+    }
   });
 
   it('only the standby: database_unavailable, naming every host tried and why', async () => {

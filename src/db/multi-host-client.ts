@@ -84,6 +84,24 @@ export function hostMemoryOf(pool: pg.Pool): HostMemory | undefined {
   return (pool as unknown as { options: Partial<MultiHostConfig> }).options.multiHost?.memory;
 }
 
+/**
+ * Which host gives, now, a session the URL of a pool made with multiHostConfig() accepts: one
+ * session is opened as the pool opens its own (the remembered host first; forget() it before to
+ * try the hosts in the URL's order), read and closed. Undefined for any other pool.
+ */
+export async function currentHost(pool: pg.Pool): Promise<HostAddress | undefined> {
+  const options = (pool as unknown as { options: Partial<MultiHostConfig> }).options;
+  if (options.multiHost === undefined) return undefined;
+  const client = new MultiHostClient(options as MultiHostConfig);
+  client.on('error', () => undefined);
+  await client.connect();
+  try {
+    return client.connectedTo;
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}
+
 /** A connection's events and stream: what a try needs of pg's Connection. */
 type Connection = EventEmitter & { stream: Duplex; end(): void };
 
