@@ -2,13 +2,21 @@
 // the test set-up when missing, so that `npm test` alone works on a fresh machine.
 import { execFileSync } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
+import { join } from 'node:path';
 
 /** A program a test runs, where it looks for it, and the Debian package that provides it. */
 interface SystemProgram {
   path: string;
   debianPackage: string;
   usedBy: string;
+  /**
+   * A file that a server loads rather than a program (a PostgreSQL extension's library, which
+   * Debian installs without execute bits): it need only be readable.
+   */
+  loaded?: true;
 }
+
+const PG_BINDIR = process.env.PG_BINDIR ?? '/usr/lib/postgresql/15/bin';
 
 /** Paths may be moved with the variables the tests read them from. */
 export const SYSTEM_PROGRAMS: SystemProgram[] = [
@@ -23,15 +31,27 @@ export const SYSTEM_PROGRAMS: SystemProgram[] = [
     usedBy: 'test/dashboard.int.test.ts',
   },
   {
-    path: `${process.env.PG_BINDIR ?? '/usr/lib/postgresql/15/bin'}/initdb`,
+    path: join(PG_BINDIR, 'initdb'),
     debianPackage: 'postgresql-15',
     usedBy: 'servers of a test file its own (test/support/restartable-postgres.ts)',
+  },
+  {
+    path: process.env.PG_AUTOCTL ?? '/usr/bin/pg_autoctl',
+    debianPackage: 'pg-auto-failover-cli',
+    usedBy: 'failover pairs (test/support/failover-pair.ts)',
+  },
+  {
+    // The monitor's extension, in the library folder beside PG_BINDIR's PostgreSQL.
+    path: join(PG_BINDIR, '..', 'lib', 'pgautofailover.so'),
+    debianPackage: 'postgresql-15-auto-failover',
+    usedBy: 'failover pairs (test/support/failover-pair.ts)',
+    loaded: true,
   },
 ];
 
 function installed(p: SystemProgram): boolean {
   try {
-    accessSync(p.path, constants.X_OK);
+    accessSync(p.path, p.loaded ? constants.R_OK : constants.X_OK);
     return true;
   } catch {
     return false;
