@@ -220,7 +220,8 @@ function unavailable(sqlstate: string | undefined, message: string): boolean {
  * carries them); the original stays the cause.
  */
 function unavailableMessage(sqlstate: string | undefined, message: string): string {
-  if (sqlstate && NETWORK_ERRORS.has(sqlstate))
+  // 08001: no host of a URL gave a session ordo accepts; which host said what is in the cause.
+  if (sqlstate && (NETWORK_ERRORS.has(sqlstate) || sqlstate === '08001'))
     return `PostgreSQL cannot be reached (${sqlstate}); retry later`;
   if (sqlstate) return `PostgreSQL is unavailable: ${message} (SQLSTATE ${sqlstate}); retry later`;
   return `The connection to PostgreSQL was lost (${message}); retry later`;

@@ -195,24 +195,26 @@ describe('hosts that do not answer', () => {
     }
   });
 
-  it('only the standby: database_unavailable, naming every host tried and why', async () => {
+  it('only the standby: database_unavailable, its cause naming every host tried and why', async () => {
     const readWrite = await refusal(at([standby.port], '?target_session_attrs=read-write'));
     expect(readWrite.code).toBe('database_unavailable');
-    expect(readWrite.message).toContain(
+    // The message a client may be shown names no host; the cause does, for the logs.
+    expect(readWrite.message).toBe('PostgreSQL cannot be reached (08001); retry later');
+    expect((readWrite.cause as Error).message).toContain(
       `no host of databaseUrl accepted a read-write session: 127.0.0.1:${standby.port} (session is read-only)`,
     );
     const both = await refusal(at([dead, standby.port], '?target_session_attrs=primary'));
     expect(both.code).toBe('database_unavailable');
-    expect(both.message).toContain(
+    expect((both.cause as Error).message).toContain(
       `no host of databaseUrl is a primary: 127.0.0.1:${dead} (ECONNREFUSED), ` +
         `127.0.0.1:${standby.port} (server is in hot standby mode)`,
     );
   });
 
-  it('no host answers at all: database_unavailable naming each', async () => {
+  it('no host answers at all: database_unavailable, its cause naming each', async () => {
     const error = await refusal(at([dead, dead2]));
     expect(error.code).toBe('database_unavailable');
-    expect(error.message).toContain(
+    expect((error.cause as Error).message).toContain(
       `no host of databaseUrl could be connected to: 127.0.0.1:${dead} (ECONNREFUSED), 127.0.0.1:${dead2} (ECONNREFUSED)`,
     );
   });
