@@ -13,6 +13,7 @@ export type { Queryable, Tx } from './db/queryable.js';
 export { durationOption, formatDuration, MAX_DURATION_TEXT, parseDuration } from './durations.js';
 export { ERROR_CODES, OrdoError, type OrdoErrorCode, sequenceNotFound, toOrdoError } from './errors.js';
 export { createOrdo, type DatabaseInfo, Ordo } from './ordo.js';
+export { describeHost } from './db/connection-string.js';
 export type { Handler, HandlerContext, SubscriptionEnd } from './outbox/consumer.js';
 export type { Blocker, PartitionLag, SubscriptionLag } from './outbox/lag.js';
 export {

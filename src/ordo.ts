@@ -2,8 +2,13 @@ import pg from 'pg';
 import { type Config, type OrdoOptions, resolveConfig } from './config.js';
 import { type EmbeddedServer, startEmbedded } from './db/embedded.js';
 import { clientLike, guardClient, hearClientErrors } from './db/clients.js';
-import { parseConnectionString } from './db/connection-string.js';
-import { MultiHostClient, type MultiHostConfig, multiHostConfig } from './db/multi-host-client.js';
+import { describeHost, parseConnectionString } from './db/connection-string.js';
+import {
+  hostMemoryOf,
+  MultiHostClient,
+  type MultiHostConfig,
+  multiHostConfig,
+} from './db/multi-host-client.js';
 import { InFlight } from './db/in-flight.js';
 import { migrate, quoteIdent } from './db/migrations.js';
 import { Notifications, type NotificationStatus } from './db/notifications.js';
@@ -169,6 +174,16 @@ export class Ordo {
     return rows.map((r) => ({ what: r.what, deleted: Number(r.deleted) }));
   }
 
+  /**
+   * The host ordo's pool connected to last (`host:port`, or a socket folder): with several
+   * hosts in the URL, the primary in use. Undefined for a pool of yours, or before the first
+   * connection.
+   */
+  server(): string | undefined {
+    const host = hostMemoryOf(this.pool)?.last;
+    return host === undefined ? undefined : describeHost(host.host, host.port);
+  }
+
   /** One round trip to the database, in milliseconds; `database_unavailable` when it does not answer. */
   async ping(): Promise<number> {
     this.ensureOpen();
@@ -288,6 +303,18 @@ export async function createOrdo(options: OrdoOptions = {}): Promise<Ordo> {
           }),
         );
   const ownsPool = source.kind !== 'pool';
+  const memory = hostMemoryOf(pool);
+  if (memory && memory.hosts.length > 1) {
+    // Said once per move: every connection opened after it goes to the new host.
+    memory.onMove = (from, to) =>
+      config.log({
+        level: 'warn',
+        code: 'primary_moved',
+        message:
+          `${describeHost(to.host, to.port)} is the host that accepts ordo's sessions now, ` +
+          `in place of ${describeHost(from.host, from.port)}: a failover (connections to the old host are closed as they fail)`,
+      });
+  }
   // A connection that dies (server restart), idle or just handed out, must not crash the
   // process; the next query gets a fresh connection and reports its own error.
   if (ownsPool) {

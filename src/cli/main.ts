@@ -7,6 +7,7 @@ import {
   type Blocker,
   createOrdo,
   type DatabaseInfo,
+  describeHost,
   durationOption,
   envDatabaseUrl,
   formatDuration,
@@ -93,7 +94,10 @@ const COMMANDS: Record<string, Command> = {
         entry.level === 'warn'
           ? app.log.warn({ code: entry.code }, entry.message)
           : app.log.info({ code: entry.code }, entry.message);
-      app.log.info({ database: ordo.database }, describeDatabase(ordo.database));
+      app.log.info(
+        { database: ordo.database, server: ordo.server() },
+        describeDatabase(ordo.database, ordo.server()),
+      );
       const host = (flags.host as string | undefined) ?? '127.0.0.1';
       await app.listen({ port: port(flags.port), host });
       const address = app.server.address();
@@ -278,11 +282,13 @@ const COMMANDS: Record<string, Command> = {
         );
       const notifications = await ordo.notifications();
       const { database } = ordo;
+      const server = ordo.server();
       if (flags.json) {
         console.log(
           JSON.stringify(
             {
               database,
+              server,
               notifications,
               sequences,
               holders,
@@ -299,7 +305,7 @@ const COMMANDS: Record<string, Command> = {
         );
         return 0;
       }
-      console.log(describeDatabase(database));
+      console.log(describeDatabase(database, server));
       console.log(
         notifications.state === 'ok'
           ? `notifications: arriving (${notifications.route === 'listenUrl' ? 'through --listen-url' : 'on the database connection'})`
@@ -461,12 +467,16 @@ ${COMMON_HELP}
 ordo <command> --help shows a command's own options.
 `;
 
-function describeDatabase(d: DatabaseInfo): string {
+function describeDatabase(d: DatabaseInfo, server: string | undefined): string {
   if (d.kind === 'embedded') {
     const how = d.created ? 'created now' : d.adopted ? 'left running by an earlier process' : 'started';
     return `database: the embedded PostgreSQL in ${d.dataDir} (${how}), on ${d.host}:${d.port}; \`npx ordo psql\` opens it`;
   }
-  if (d.kind === 'url') return `database: ${d.database} on ${d.host}:${d.port} as ${d.user}`;
+  if (d.kind === 'url') {
+    const on = `database: ${d.database} on ${d.hosts.map((h) => describeHost(h.host, h.port)).join(', ')} as ${d.user}`;
+    // With several hosts, the one that gave the last session: the primary in use.
+    return d.hosts.length > 1 && server !== undefined ? `${on}, connected to ${server}` : on;
+  }
   return 'database: a pool given by the application';
 }
 

@@ -28,6 +28,8 @@ import { sessionRefusal } from './target-session.js';
  */
 export class HostMemory {
   #last: HostAddress | undefined;
+  /** Told once per move of the accepted session to another host: a failover, seen by ordo. */
+  onMove: ((from: HostAddress, to: HostAddress) => void) | undefined;
 
   constructor(readonly hosts: readonly HostAddress[]) {}
 
@@ -42,7 +44,9 @@ export class HostMemory {
   }
 
   remember(host: HostAddress): void {
+    const from = this.#last;
     this.#last = host;
+    if (from !== undefined && from !== host) this.onMove?.(from, host);
   }
 
   forget(): void {

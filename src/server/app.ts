@@ -231,9 +231,11 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
   // The process lives: answered whatever the database does.
   app.get('/healthz', { schema: { hide: true } }, async () => ({ status: 'ok' }));
   // The database answers: 503 database_unavailable (with Retry-After) while it does not.
+  // `server`: the host ordo's sessions go to (with several hosts in the URL, the primary in use).
   app.get('/readyz', { schema: { hide: true } }, async () => ({
     status: 'ready',
     databaseMs: await ordo.ping(),
+    server: ordo.server(),
   }));
 
   app.get('/metrics', { config: { scope: 'read' }, schema: { hide: true } }, async (_request, reply) => {
