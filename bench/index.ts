@@ -10,6 +10,7 @@ import { gapless } from './gapless.js';
 import { type BenchContext, machine, renderTable, type Suite, settings } from './harness.js';
 import { http } from './http.js';
 import { outbox } from './outbox.js';
+import { queues } from './queues.js';
 import { relay } from './relay.js';
 import { restarts } from './restarts.js';
 import { throttles } from './throttles.js';
@@ -19,7 +20,7 @@ import { throttles } from './throttles.js';
  * The server is DATABASE_URL / ORDO_DATABASE_URL when set, else an embedded PostgreSQL in a
  * temporary directory; the scratch database (and the embedded server) are removed at the end.
  */
-const all: Suite[] = [gapless, batched, http, outbox, relay, throttles, restarts];
+const all: Suite[] = [gapless, batched, http, outbox, relay, throttles, queues, restarts];
 /** `npm run bench -- batched http` runs only the suites named; no name runs them all. */
 const named = process.argv.slice(2);
 const unknown = named.filter((n) => !all.some((s) => s.name === n));

@@ -31,13 +31,14 @@ export interface QueueRun {
   cost: number;
   last_outcome: string | null;
   last_permit: string | null;
+  aborted: string | null;
 }
 
 export async function createRunsTable(sql: pg.Pool): Promise<void> {
   await sql.query(`CREATE TABLE IF NOT EXISTS queue_runs (
     queue text NOT NULL, ordinal int NOT NULL, n int NOT NULL, job_id text NOT NULL, permit uuid NOT NULL,
     started_at timestamptz NOT NULL, ended_at timestamptz, expires_at timestamptz, attempt int NOT NULL,
-    pid int NOT NULL, tenant text, cost int NOT NULL, last_outcome text, last_permit uuid)`);
+    pid int NOT NULL, tenant text, cost int NOT NULL, last_outcome text, last_permit uuid, aborted text)`);
 }
 
 export async function runsOf(sql: pg.Pool, queue: string): Promise<QueueRun[]> {
@@ -315,6 +316,35 @@ export function queueScenarios(driver: QueueDriver, ctx: ScenarioContext): void 
       );
     } finally {
       await Promise.all(workers.map((w) => w.stop()));
+      await queue.close();
+    }
+  });
+
+  it("a permit lost mid-job aborts the processor's signal, and the job fails with that reason", async () => {
+    const name = `${tag}_lost`;
+    await ctx.ordo.throttles.define({ name, concurrency: 1, lease: '1500ms' });
+    const queue = await driver.open(name, { attempts: 1 });
+    const worker = await startQueueWorker({ ...base(name), concurrency: 1, throttle: name, abortRuns: [1] });
+    try {
+      await worker.start();
+      await queue.add({ n: 1, sleepMs: 0 });
+      await until('the run to start', async () => (await runsOf(ctx.sql, name)).length === 1, 20_000);
+      const [run] = await runsOf(ctx.sql, name);
+      // Someone else ends the permit: the next renewal of its lease finds it gone.
+      await ctx.ordo.throttles.complete(run!.permit);
+      await until(
+        'the processor to see its signal abort',
+        async () => (await runsOf(ctx.sql, name))[0]!.ended_at !== null,
+        10_000,
+      );
+      expect(['permit_not_found', 'permit_expired']).toContain((await runsOf(ctx.sql, name))[0]!.aborted);
+      await until(
+        'the queue to record the failure',
+        async () => (await queue.records()).some((r) => r.state === 'failed'),
+        10_000,
+      );
+    } finally {
+      await worker.stop();
       await queue.close();
     }
   });

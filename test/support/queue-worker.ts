@@ -31,6 +31,8 @@ export interface WorkerConfig {
   failRuns?: number[];
   /** Runs that throw an error with `retryAfter`, as a downstream 429. */
   limitedRuns?: number[];
+  /** Runs that wait for their signal to abort (their permit ended by the test), and record why. */
+  abortRuns?: number[];
   /** Runs that hang for a minute (to be killed). */
   hangRuns?: number[];
   /** graphile-worker: its schema, one per major. */
@@ -76,6 +78,19 @@ async function work(jobId: string, data: JobData, context: JobContext, attempt: 
     ],
   );
   const ordinal = rows[0]!.ordinal;
+  if (config.abortRuns?.includes(ordinal)) {
+    const { signal } = context;
+    await new Promise((resolve) => {
+      signal.addEventListener('abort', resolve, { once: true });
+      setTimeout(resolve, 15_000);
+    });
+    const reason = signal.reason as { code?: string } | undefined;
+    await sql.query('UPDATE queue_runs SET ended_at = clock_timestamp(), aborted = $2 WHERE permit = $1', [
+      permit.id,
+      signal.aborted ? (reason?.code ?? String(reason)) : 'not aborted',
+    ]);
+    throw signal.aborted ? signal.reason : new Error('the signal was not aborted');
+  }
   await sleep(config.hangRuns?.includes(ordinal) ? 60_000 : data.sleepMs);
   await sql.query('UPDATE queue_runs SET ended_at = clock_timestamp() WHERE permit = $1', [permit.id]);
   if (config.failRuns?.includes(ordinal)) throw new Error(`run ${ordinal} failed on purpose`);
