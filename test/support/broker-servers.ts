@@ -140,12 +140,13 @@ const RECIPES: Record<Exclude<BrokerKind, 'webhook'>, Recipe> = {
     },
     ready: /mosquitto version \S+ running/,
   },
-  // A node of its own beside the machine's: its own name (registered with the machine's epmd,
-  // which every Erlang node shares), distribution port, database (durable exchanges, queues and
-  // persistent messages outlive a stop), cookie (HOME) and configuration, none of /etc/rabbitmq.
-  // No plugins: the management plugin would take the machine's port 15672. The log goes to
-  // stdout, where the last line of a start tells that the listener runs. SIGTERM reaches the
-  // script, which stops the node as rabbitmqctl stop does; a node takes seconds to start and stop.
+  // A node of its own beside the machine's: its own name (registered with the epmd that every
+  // Erlang node on the machine shares; the first node starts it), distribution port, database
+  // (durable exchanges, queues and persistent messages outlive a stop), cookie (HOME) and
+  // configuration, none of /etc/rabbitmq. No plugins: the management plugin would take the
+  // machine's port 15672. The log goes to stdout, whose last line of a start comes once the
+  // listener runs. SIGTERM reaches the script, which passes it to the node: a clean stop, as
+  // rabbitmqctl stop's. A node takes seconds to start and stop.
   rabbitmq: {
     url: (port) => `amqp://guest:guest@127.0.0.1:${port}`,
     async command(port, dir) {
