@@ -36,6 +36,14 @@ export const SYSTEM_PROGRAMS: SystemProgram[] = [
     usedBy: 'servers of a test file its own (test/support/restartable-postgres.ts)',
   },
   {
+    path: process.env.ORDO_TEST_RABBITMQ_SERVER ?? '/usr/lib/rabbitmq/bin/rabbitmq-server',
+    debianPackage: 'rabbitmq-server',
+    usedBy: 'RabbitMQ nodes of a test its own (test/support/broker-servers.ts)',
+  },
+  { path: '/usr/sbin/nats-server', debianPackage: 'nats-server', usedBy: 'test/support/broker-servers.ts' },
+  { path: '/usr/bin/redis-server', debianPackage: 'redis-server', usedBy: 'test/support/broker-servers.ts' },
+  { path: '/usr/sbin/mosquitto', debianPackage: 'mosquitto', usedBy: 'test/support/broker-servers.ts' },
+  {
     path: process.env.PG_AUTOCTL ?? '/usr/bin/pg_autoctl',
     debianPackage: 'pg-auto-failover-cli',
     usedBy: 'failover pairs (test/support/failover-pair.ts)',
@@ -73,15 +81,9 @@ export function ensureSystemPrograms(log: (line: string) => void = () => undefin
   log(
     `ordo tests: installing ${packages.join(', ')} from Debian's packages (${missing.map((p) => p.usedBy).join('; ')})`,
   );
-  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
-  // Another test run may be installing at the same moment: wait for dpkg's lock, not fail.
-  const wait = ['-o', 'DPkg::Lock::Timeout=300'];
   try {
-    execFileSync('apt-get', [...wait, 'update', '-qq'], { env, stdio: ['ignore', 'ignore', 'pipe'] });
-    execFileSync('apt-get', [...wait, 'install', '-y', '-qq', ...packages], {
-      env,
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
+    aptGet(['update', '-qq']);
+    aptGet(['install', '-y', '-qq', ...packages]);
   } catch (e) {
     const stderr = (e as { stderr?: Buffer }).stderr?.toString().trim();
     throw new Error(`Installing ${packages.join(', ')} failed (${stderr || String(e)}); run: ${command}`, {
@@ -93,5 +95,31 @@ export function ensureSystemPrograms(log: (line: string) => void = () => undefin
     throw new Error(
       `${still.map((p) => p.path).join(', ')} still missing after apt-get install ${packages.join(' ')}`,
     );
+  }
+}
+
+/** How long apt-get waits for another run that holds its locks. */
+const LOCK_WAIT_MS = 300_000;
+
+/**
+ * apt-get, waiting while another test run installs at the same moment: DPkg::Lock::Timeout
+ * waits for dpkg's lock, but `update` fails at once on the lock of the package lists, so that
+ * failure is tried again every 2 s.
+ */
+function aptGet(args: string[]): void {
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  const deadline = Date.now() + LOCK_WAIT_MS;
+  for (;;) {
+    try {
+      execFileSync('apt-get', ['-o', `DPkg::Lock::Timeout=${LOCK_WAIT_MS / 1000}`, ...args], {
+        env,
+        stdio: ['ignore', 'ignore', 'pipe'],
+      });
+      return;
+    } catch (e) {
+      const stderr = (e as { stderr?: Buffer }).stderr?.toString() ?? '';
+      if (!/Could not get lock/.test(stderr) || Date.now() > deadline) throw e;
+      execFileSync('sleep', ['2']);
+    }
   }
 }
