@@ -142,7 +142,7 @@ describe('ordo/bullmq refuses at once', () => {
     const said = JSON.parse(await withoutQueueLibrary('bullmq')) as { code: string; message: string };
     expect(said).toEqual({
       code: 'invalid_argument',
-      message: "ordo/bullmq throttles bullmq's workers, and bullmq is not installed: npm install bullmq",
+      message: 'ordo/bullmq needs bullmq, which is not installed: npm install bullmq',
     });
   });
 });

@@ -173,7 +173,7 @@ describe('ordo/graphile-worker', () => {
     expect(said).toEqual({
       code: 'invalid_argument',
       message:
-        "ordo/graphile-worker throttles graphile-worker's workers, and graphile-worker is not installed: npm install graphile-worker",
+        'ordo/graphile-worker needs graphile-worker, which is not installed: npm install graphile-worker',
     });
   });
 });

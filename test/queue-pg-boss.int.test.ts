@@ -135,7 +135,7 @@ describe('ordo/pg-boss with pg-boss 10', { timeout: 120_000 }, () => {
     const said = JSON.parse(await withoutQueueLibrary('pg-boss')) as { code: string; message: string };
     expect(said).toEqual({
       code: 'invalid_argument',
-      message: "ordo/pg-boss throttles pg-boss's workers, and pg-boss is not installed: npm install pg-boss",
+      message: 'ordo/pg-boss needs pg-boss, which is not installed: npm install pg-boss',
     });
   });
 });

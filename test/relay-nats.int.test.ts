@@ -5,7 +5,7 @@ import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { jetstreamManager, type JetStreamManager } from '@nats-io/jetstream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo } from '../src/index.js';
-import { loadClient } from '../src/outbox/relays/clients.js';
+import { optionalPackage } from '../src/optional-package.js';
 import { type OwnPostgres, ownPostgres } from './support/own-postgres.js';
 import {
   type Arrival,
@@ -134,12 +134,11 @@ describe('relay to NATS JetStream', () => {
   });
 
   it('a client library that is not installed is named, with the npm install to run', async () => {
-    const e = await loadClient('ordo-no-such-broker-client', 'Kafka', 'ordo-no-such-broker-client').catch(
-      (err: unknown) => err,
-    );
+    const pkg = 'ordo-no-such-broker-client';
+    const e = await optionalPackage(() => import(pkg), pkg, 'a relay to Kafka').catch((err: unknown) => err);
     expect(e).toMatchObject({
       code: 'invalid_argument',
-      message: expect.stringContaining('npm install ordo-no-such-broker-client'),
+      message: `a relay to Kafka needs ${pkg}, which is not installed: npm install ${pkg}`,
     });
   });
 });

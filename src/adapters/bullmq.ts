@@ -1,7 +1,7 @@
 import type { Ordo } from '../ordo.js';
 import { invalid } from '../validate.js';
 import { type JobContext, JobPermits, type ThrottledOptions } from './job-permit.js';
-import { queueLibrary } from './queue-library.js';
+import { optionalPackage } from '../optional-package.js';
 
 export type { FromJob, JobContext, JobLimit, ThrottledOptions } from './job-permit.js';
 
@@ -35,7 +35,7 @@ export async function throttled<J extends BullJob, R>(
   options: ThrottledOptions<J>,
   processor: BullProcessor<J, R>,
 ): Promise<ThrottledBullProcessor<J, R>> {
-  const { DelayedError } = await queueLibrary(() => import('bullmq'), 'bullmq', ADAPTER);
+  const { DelayedError } = await optionalPackage(() => import('bullmq'), 'bullmq', ADAPTER);
   const permits = await JobPermits.create<J>(ADAPTER, ordo, options, processor);
   // Three parameters: BullMQ passes its own signal (a lost lock, a cancelled job) to a
   // processor that declares a third.

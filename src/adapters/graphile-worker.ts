@@ -2,7 +2,7 @@ import { OrdoError } from '../errors.js';
 import type { Ordo } from '../ordo.js';
 import { identifier } from '../validate.js';
 import { type JobContext, JobPermits, type ThrottledOptions } from './job-permit.js';
-import { queueLibrary } from './queue-library.js';
+import { optionalPackage } from '../optional-package.js';
 
 export type { FromJob, JobContext, JobLimit, ThrottledOptions } from './job-permit.js';
 
@@ -76,7 +76,7 @@ export async function throttled<J extends GraphileJob, H extends GraphileHelpers
   options: GraphileThrottledOptions<J>,
   processor: GraphileProcessor<H>,
 ): Promise<ThrottledTask<H>> {
-  await queueLibrary(() => import('graphile-worker'), 'graphile-worker', ADAPTER);
+  await optionalPackage(() => import('graphile-worker'), 'graphile-worker', ADAPTER);
   const permits = await JobPermits.create<J>(ADAPTER, ordo, options, processor, ['schema']);
   const schema = `"${identifier('schema', options.schema ?? 'graphile_worker')}"`;
   const statement = handBack(schema);

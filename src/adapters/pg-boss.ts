@@ -2,7 +2,7 @@ import { OrdoError } from '../errors.js';
 import type { Ordo } from '../ordo.js';
 import { describe, identifier, invalid } from '../validate.js';
 import { type JobContext, JobPermits, type ThrottledOptions } from './job-permit.js';
-import { queueLibrary } from './queue-library.js';
+import { optionalPackage } from '../optional-package.js';
 
 export type { FromJob, JobContext, JobLimit, ThrottledOptions } from './job-permit.js';
 
@@ -70,7 +70,7 @@ export async function throttled<J extends PgBossJob, R>(
   options: PgBossThrottledOptions<J>,
   processor: PgBossProcessor<J, R>,
 ): Promise<ThrottledPgBossHandler<J, R>> {
-  await queueLibrary(() => import('pg-boss'), 'pg-boss', ADAPTER);
+  await optionalPackage(() => import('pg-boss'), 'pg-boss', ADAPTER);
   const permits = await JobPermits.create<J>(ADAPTER, ordo, options, processor, ['boss', 'schema']);
   const { boss } = options;
   if (typeof boss?.getDb !== 'function' || typeof boss.complete !== 'function')

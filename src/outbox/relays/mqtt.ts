@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Broker } from './brokers.js';
-import { loadClient } from './clients.js';
+import { optionalPackage } from '../../optional-package.js';
 import type { RelayMessage } from './envelope.js';
 import { brokerUrl, textOption, withoutPassword } from './options.js';
 import { type Publisher, Refused } from './publisher.js';
@@ -73,7 +73,7 @@ function packetSize(topic: string, body: string, props: ReturnType<typeof proper
   return size + Buffer.byteLength(body);
 }
 
-const load = () => loadClient<Client>('mqtt', 'MQTT', 'mqtt');
+const load = () => optionalPackage<Client>(() => import('mqtt'), 'mqtt', 'a relay to MQTT');
 
 /**
  * MQTT 5: each message is published to its topic at QoS 1 or 2 and counts as delivered on its

@@ -1,5 +1,5 @@
 import type { Broker } from './brokers.js';
-import { loadClient } from './clients.js';
+import { optionalPackage } from '../../optional-package.js';
 import { brokerUrl, textOption, withoutPassword } from './options.js';
 import { type Publisher, Refused } from './publisher.js';
 import { describe, invalid, knownKeys } from '../../validate.js';
@@ -19,10 +19,22 @@ const KEYS = ['servers', 'subject', 'timeout'] as const;
 /** A subject's tokens: no spaces or wildcards, none empty (the template fields may add dots). */
 const SUBJECT = /^[^\s.*>]+(\.[^\s.*>]+)*$/;
 
+/** Both clients, as one install. */
+const BOTH = '@nats-io/transport-node @nats-io/jetstream';
 const load = async () =>
   Promise.all([
-    loadClient<Transport>('@nats-io/transport-node', 'NATS', '@nats-io/transport-node @nats-io/jetstream'),
-    loadClient<JetStream>('@nats-io/jetstream', 'NATS', '@nats-io/transport-node @nats-io/jetstream'),
+    optionalPackage<Transport>(
+      () => import('@nats-io/transport-node'),
+      '@nats-io/transport-node',
+      'a relay to NATS',
+      BOTH,
+    ),
+    optionalPackage<JetStream>(
+      () => import('@nats-io/jetstream'),
+      '@nats-io/jetstream',
+      'a relay to NATS',
+      BOTH,
+    ),
   ]);
 
 /**

@@ -1,6 +1,6 @@
 import type { ChannelModel, ConfirmChannel, Message, Options } from 'amqplib';
 import type { Broker } from './brokers.js';
-import { loadClient } from './clients.js';
+import { optionalPackage } from '../../optional-package.js';
 import { brokerUrl, textOption, withoutPassword } from './options.js';
 import { type Publisher, Refused } from './publisher.js';
 import { describe, invalid, knownKeys } from '../../validate.js';
@@ -21,7 +21,7 @@ const KEYS = ['url', 'exchange', 'routingKey', 'timeout'] as const;
 /** AMQP 0-9-1 carries exchange names and routing keys as short strings: at most 255 bytes. */
 const SHORT_STRING = 255;
 
-const load = () => loadClient<Amqplib>('amqplib', 'RabbitMQ', 'amqplib');
+const load = () => optionalPackage<Amqplib>(() => import('amqplib'), 'amqplib', 'a relay to RabbitMQ');
 
 /**
  * What a connection learned of the broker's max_message_size (it closes the channel on a larger

@@ -1,5 +1,5 @@
 import type { Broker } from './brokers.js';
-import { loadClient } from './clients.js';
+import { optionalPackage } from '../../optional-package.js';
 import { brokerUrl, textOption, withoutPassword } from './options.js';
 import { type Publisher, Refused } from './publisher.js';
 import { describe, invalid, knownKeys, safeInteger } from '../../validate.js';
@@ -41,7 +41,7 @@ const TRANSIENT_REPLIES = new Set([
   'ASK',
 ]);
 
-const load = () => loadClient<Client>('redis', 'Redis', 'redis');
+const load = () => optionalPackage<Client>(() => import('redis'), 'redis', 'a relay to Redis');
 
 /** `promise`, or a failure saying what did not come within `ms`: a server that stopped answering. */
 async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {

@@ -1,5 +1,5 @@
 import type { Broker } from './brokers.js';
-import { loadClient } from './clients.js';
+import { optionalPackage } from '../../optional-package.js';
 import { parseTemplate, type RelayMessage } from './envelope.js';
 import { textOption } from './options.js';
 import { type Publisher, Refused, Unavailable } from './publisher.js';
@@ -72,7 +72,12 @@ const SECRET_BYTES = [24, 64] as const;
 /** The scheme and authority of the template, which no field may be part of. */
 const AUTHORITY = /^https?:\/\/[^/?#\\]*/i;
 
-const load = () => loadClient<StandardWebhooks>('standardwebhooks', 'webhooks', 'standardwebhooks');
+const load = () =>
+  optionalPackage<StandardWebhooks>(
+    () => import('standardwebhooks'),
+    'standardwebhooks',
+    'a relay to webhooks',
+  );
 
 function checkSecret(what: string, value: unknown): string {
   const example = `whsec_ followed by ${SECRET_BYTES[0]} to ${SECRET_BYTES[1]} random bytes in base64 (such as 'whsec_' + the output of openssl rand -base64 32)`;
