@@ -345,7 +345,9 @@ describe('a server that becomes read-only', () => {
         const error = await ordo.ping().catch((e: unknown) => e as OrdoError);
         expect(error).toBeInstanceOf(OrdoError);
         expect((error as OrdoError).code).toBe('database_unavailable');
-        expect((error as OrdoError).message).toContain(`127.0.0.1:${primary.port} (session is read-only)`);
+        expect(((error as OrdoError).cause as Error).message).toContain(
+          `127.0.0.1:${primary.port} (session is read-only)`,
+        );
         expect((await refusal(at([primary.port], '?target_session_attrs=read-write'))).code).toBe(
           'database_unavailable',
         );
