@@ -15,8 +15,12 @@ import { parseConnectionString } from '../src/db/connection-string.js';
 import { freePort } from '../src/db/embedded.js';
 import { currentHost, hostMemoryOf, multiHostConfig } from '../src/db/multi-host-client.js';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
-import { type RestartablePostgres, restartablePostgres } from './support/restartable-postgres.js';
-import { postgresUser, type Standby, standbyOf } from './support/standby.js';
+import {
+  postgresUser,
+  type RestartablePostgres,
+  restartablePostgres,
+} from './support/restartable-postgres.js';
+import { type Standby, standbyOf } from './support/standby.js';
 
 let primary: RestartablePostgres;
 let standby: Standby;

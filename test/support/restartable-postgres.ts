@@ -60,7 +60,7 @@ process.once('exit', () => {
   }
 });
 
-interface RunAs {
+export interface RunAs {
   uid: number;
   gid: number;
 }
@@ -202,7 +202,7 @@ export async function restartablePostgres(
 }
 
 /** Runs a binary to completion (as `runAs` if given); rejects with its output on failure. */
-function run(command: string, args: string[], runAs: RunAs | undefined): Promise<string> {
+export function run(command: string, args: string[], runAs: RunAs | undefined): Promise<string> {
   return new Promise((resolve, reject) => {
     const options: SpawnOptions = {
       // The user postgres cannot read root's working folder; pg_ctl and initdb want to.
@@ -250,7 +250,7 @@ async function waitForConnections(url: string, timeoutMs = 15_000): Promise<void
 }
 
 /** The system user `postgres`, which Debian's PostgreSQL packages create. */
-function postgresUser(): RunAs {
+export function postgresUser(): RunAs {
   const uid = spawnSync('id', ['-u', 'postgres'], { encoding: 'utf8' });
   const gid = spawnSync('id', ['-g', 'postgres'], { encoding: 'utf8' });
   if (uid.status !== 0 || gid.status !== 0) {

@@ -2,14 +2,14 @@
 // with `pg_basebackup -R` (which writes standby.signal and primary_conninfo), started on a port
 // of its own and streaming from the primary. Read-only sessions only, as a real standby.
 // Debian's PostgreSQL binaries, as restartable-postgres.ts uses them.
-import { type SpawnOptions, spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { rmSync } from 'node:fs';
 import { appendFile, chmod, chown, mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 import { freePort } from '../../src/db/embedded.js';
-import type { RestartablePostgres } from './restartable-postgres.js';
+import { postgresUser, type RestartablePostgres, type RunAs, run } from './restartable-postgres.js';
 
 const BINDIR = process.env.PG_BINDIR ?? '/usr/lib/postgresql/15/bin';
 const PG_CTL_TIMEOUT_S = 30;
@@ -23,11 +23,6 @@ export interface Standby {
   log(): Promise<string>;
   /** Stops the standby (immediate) and removes its files. Safe to call twice. */
   cleanup(): Promise<void>;
-}
-
-interface RunAs {
-  uid: number;
-  gid: number;
 }
 
 /** Standbys started here and not yet cleaned up: stopped if the test process exits first. */
@@ -130,41 +125,4 @@ async function waitForStandby(url: string, timeoutMs = 15_000): Promise<void> {
     }
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
-}
-
-/** Runs a binary to completion (as `runAs` if given); rejects with its output on failure. */
-function run(command: string, args: string[], runAs: RunAs | undefined): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const options: SpawnOptions = {
-      // The user postgres cannot read root's working folder.
-      cwd: '/',
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, LC_ALL: 'C' },
-      ...(runAs ?? {}),
-    };
-    const child = spawn(command, args, options);
-    let output = '';
-    child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
-    child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString()));
-    const timer = setTimeout(() => child.kill('SIGKILL'), (PG_CTL_TIMEOUT_S + 10) * 1000);
-    child.once('error', (e) => {
-      clearTimeout(timer);
-      reject(e);
-    });
-    child.once('close', (code, signal) => {
-      clearTimeout(timer);
-      if (code === 0) resolve(output);
-      else reject(new Error(`${command} ${args.join(' ')}: ${signal ?? `exit ${code}`}\n${output.trim()}`));
-    });
-  });
-}
-
-/** The system user `postgres`, which Debian's PostgreSQL packages create. */
-export function postgresUser(): RunAs {
-  const uid = spawnSync('id', ['-u', 'postgres'], { encoding: 'utf8' });
-  const gid = spawnSync('id', ['-g', 'postgres'], { encoding: 'utf8' });
-  if (uid.status !== 0 || gid.status !== 0) {
-    throw new Error('running as root, PostgreSQL needs the system user "postgres" to run as');
-  }
-  return { uid: Number(uid.stdout.trim()), gid: Number(gid.stdout.trim()) };
 }
