@@ -6,8 +6,9 @@
 // relay to Redis read it, and two throttle workers start a report at most once per interval.
 // After all three: the numbers held are exactly 1..n, no batched value twice, every acknowledged
 // append delivered to the consumer and to Redis (first arrivals in commit order per key), no
-// interval granted twice, no 500, no crashed process; each surface's time from the new primary
-// accepting writes to its first success again is printed.
+// interval granted twice, no 500, no crashed process; each move of the primary logged once, LISTEN
+// open on the new primary, which /readyz and `ordo status` name; each surface's time from the new
+// primary accepting writes to its first success again is printed.
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
@@ -257,6 +258,8 @@ describe('a failover under load', () => {
         expect.stringMatching(new RegExp(`^127\\.0\\.0\\.1:${unplanned.to.port} is the host`)),
       ]);
       expect(serve.logs().filter((l) => l.code === 'primary_moved')).toHaveLength(2);
+      // LISTEN is open on the new primary: a NOTIFY sent through the pool comes back to each node.
+      for (const node of [a, b]) expect(await node.notifications()).toMatchObject({ state: 'ok' });
       // /readyz and `ordo status` name the primary in use.
       const ready = (await (await fetch(`${serve.url}/readyz`)).json()) as { server?: string };
       expect(ready.server).toBe(`127.0.0.1:${primary.port}`);
