@@ -65,6 +65,88 @@ export interface RunAs {
   gid: number;
 }
 
+/** A server's own temporary folder (data and log), as the `postgres` user needs it when root. */
+export interface ServerFolder {
+  dataDir: string;
+  runAs: RunAs | undefined;
+  /** `pg_ctl -D <dataDir> -l <log> -t … -w <args>`. */
+  pgCtl(args: string[]): Promise<string>;
+  /**
+   * Appends `conf(port)` for a free port to postgresql.conf and starts the server, with another
+   * port when the one found free was taken before the server bound it; resolves with the port.
+   */
+  startOnFreePort(what: string, conf: (port: number) => Record<string, string | number>): Promise<number>;
+  /** The server's log so far (for failure messages). */
+  log(): Promise<string>;
+  /** Stops the server (immediate) if it runs and removes the folder. Safe to call twice. */
+  remove(): Promise<void>;
+}
+
+/** A folder of its own for one server, stopped and removed if the test process exits first. */
+export async function serverFolder(prefix: string): Promise<ServerFolder> {
+  const runAs = userInfo().uid === 0 ? postgresUser() : undefined;
+  const dir = await mkdtemp(join(tmpdir(), prefix));
+  const dataDir = join(dir, 'data');
+  const logFile = join(dir, 'log', 'postgresql.log');
+  live.set(dir, { dataDir, runAs });
+  const pgCtl = (args: string[]) =>
+    run(
+      join(BINDIR, 'pg_ctl'),
+      ['-D', dataDir, '-l', logFile, '-t', String(PG_CTL_TIMEOUT_S), '-w', ...args],
+      runAs,
+    );
+  const log = () => readFile(logFile, 'utf8').catch(() => '');
+  const remove = async () => {
+    if (!live.has(dir)) return;
+    if (existsSync(join(dataDir, 'postmaster.pid')))
+      await pgCtl(['-m', 'immediate', 'stop']).catch(() => undefined);
+    live.delete(dir);
+    await rm(dir, { recursive: true, force: true });
+  };
+  try {
+    // The user `postgres` must reach every folder on the way (mkdtemp makes them 0700).
+    await chmod(dir, 0o755);
+    await mkdir(dataDir, { mode: 0o700 });
+    await mkdir(join(dir, 'log'), { mode: 0o755 });
+    if (runAs) {
+      await chown(dataDir, runAs.uid, runAs.gid);
+      await chown(join(dir, 'log'), runAs.uid, runAs.gid);
+    }
+  } catch (e) {
+    await remove();
+    throw e;
+  }
+  return {
+    dataDir,
+    runAs,
+    pgCtl,
+    log,
+    remove,
+    async startOnFreePort(what, conf) {
+      for (let attempt = 1; ; attempt++) {
+        const port = await freePort();
+        // The last line of postgresql.conf wins: a retry's port replaces the previous one.
+        await appendFile(
+          join(dataDir, 'postgresql.conf'),
+          `\n# ${what}\n${Object.entries(conf(port))
+            .map(([k, v]) => `${k} = '${String(v).replaceAll("'", "''")}'`)
+            .join('\n')}\n`,
+        );
+        try {
+          await pgCtl(['start']);
+          return port;
+        } catch (e) {
+          const text = await log();
+          if (attempt < 3 && /could not bind|Address already in use/i.test(text)) continue;
+          throw new Error(`PostgreSQL did not start (${what}): ${(e as Error).message}\n${text}`, {
+            cause: e,
+          });
+        }
+      }
+    },
+  };
+}
+
 /**
  * Initialises a cluster in a temporary folder and starts it on a free port of 127.0.0.1, with
  * trust authentication, no Unix socket, and fsync off (a crash of the machine is not what the
@@ -80,121 +162,78 @@ export async function restartablePostgres(
       `PostgreSQL binaries not found in ${BINDIR}: apt-get install postgresql-15 (or PG_BINDIR)`,
     );
   }
-  const runAs = userInfo().uid === 0 ? postgresUser() : undefined;
-  const dir = await mkdtemp(join(tmpdir(), 'ordo-restartable-'));
-  const dataDir = join(dir, 'data');
-  const logFile = join(dir, 'log', 'postgresql.log');
-  live.set(dir, { dataDir, runAs });
+  const folder = await serverFolder('ordo-restartable-');
+  const { dataDir, pgCtl } = folder;
   let running = false;
-
   const cleanup = async () => {
-    if (!live.has(dir)) return;
-    if (running || existsSync(join(dataDir, 'postmaster.pid'))) {
-      await pgCtl(['-m', 'immediate', 'stop']).catch(() => undefined);
-      running = false;
-    }
-    live.delete(dir);
-    await rm(dir, { recursive: true, force: true });
+    running = false;
+    await folder.remove();
   };
 
-  const pgCtl = (args: string[]) =>
-    run(
-      join(BINDIR, 'pg_ctl'),
-      ['-D', dataDir, '-l', logFile, '-t', String(PG_CTL_TIMEOUT_S), '-w', ...args],
-      runAs,
-    );
-
   try {
-    // The user `postgres` must reach every folder on the way (mkdtemp makes them 0700).
-    await chmod(dir, 0o755);
-    await mkdir(dataDir, { mode: 0o700 });
-    await mkdir(join(dir, 'log'), { mode: 0o755 });
-    if (runAs) {
-      await chown(dataDir, runAs.uid, runAs.gid);
-      await chown(join(dir, 'log'), runAs.uid, runAs.gid);
-    }
     await run(
       join(BINDIR, 'initdb'),
       ['-D', dataDir, '-U', 'postgres', '--auth=trust', '--encoding=UTF8', '--locale=C', '--no-sync'],
-      runAs,
+      folder.runAs,
     );
-
-    // A port can be taken between finding it free and the server binding it: try a few.
-    for (let attempt = 1; ; attempt++) {
-      const port = await freePort();
-      const conf = {
-        listen_addresses: '127.0.0.1',
-        port,
-        unix_socket_directories: '',
-        // Safe to turn off: they protect against the machine crashing, not the server's processes.
-        // synchronous_commit must stay on: with it off, an `immediate` stop loses the last
-        // commits a client was told about (the counter of a sequence goes back, numbers repeat).
-        fsync: 'off',
-        full_page_writes: 'off',
-        max_connections: 300,
-        shared_buffers: '32MB',
-        log_min_messages: 'warning',
-        log_line_prefix: '%m [%p] %a ',
-        ...settings,
-      };
-      // The last line of postgresql.conf wins: a retry's port replaces the previous one.
-      await appendFile(
-        join(dataDir, 'postgresql.conf'),
-        `\n# restartable-postgres.ts\n${Object.entries(conf)
-          .map(([k, v]) => `${k} = '${String(v).replaceAll("'", "''")}'`)
-          .join('\n')}\n`,
-      );
-      try {
+    const port = await folder.startOnFreePort('restartable-postgres.ts', (port) => ({
+      listen_addresses: '127.0.0.1',
+      port,
+      unix_socket_directories: '',
+      // Safe to turn off: they protect against the machine crashing, not the server's processes.
+      // synchronous_commit must stay on: with it off, an `immediate` stop loses the last
+      // commits a client was told about (the counter of a sequence goes back, numbers repeat).
+      fsync: 'off',
+      full_page_writes: 'off',
+      max_connections: 300,
+      shared_buffers: '32MB',
+      log_min_messages: 'warning',
+      log_line_prefix: '%m [%p] %a ',
+      ...settings,
+    }));
+    running = true;
+    const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
+    await waitForConnections(url);
+    return {
+      url,
+      port,
+      dataDir,
+      get running() {
+        return running;
+      },
+      async restart(mode = 'fast') {
+        running = false;
+        await pgCtl(['-m', mode, 'restart']);
+        running = true;
+        await waitForConnections(url);
+      },
+      async stop(mode = 'fast') {
+        await pgCtl(['-m', mode, 'stop']);
+        running = false;
+      },
+      async start() {
         await pgCtl(['start']);
         running = true;
-      } catch (e) {
-        const log = await readFile(logFile, 'utf8').catch(() => '');
-        if (attempt < 3 && /could not bind|Address already in use/i.test(log)) continue;
-        throw new Error(`PostgreSQL did not start: ${(e as Error).message}\n${log}`, { cause: e });
-      }
-      const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
-      await waitForConnections(url);
-      return {
-        url,
-        port,
-        dataDir,
-        get running() {
-          return running;
-        },
-        async restart(mode = 'fast') {
-          running = false;
-          await pgCtl(['-m', mode, 'restart']);
-          running = true;
-          await waitForConnections(url);
-        },
-        async stop(mode = 'fast') {
-          await pgCtl(['-m', mode, 'stop']);
-          running = false;
-        },
-        async start() {
-          await pgCtl(['start']);
-          running = true;
-          await waitForConnections(url);
-        },
-        async killBackends() {
-          const client = new pg.Client({ connectionString: url, application_name: 'restartable-postgres' });
-          client.on('error', () => undefined);
-          await client.connect();
-          try {
-            const { rows } = await client.query(
-              `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))::int AS n
+        await waitForConnections(url);
+      },
+      async killBackends() {
+        const client = new pg.Client({ connectionString: url, application_name: 'restartable-postgres' });
+        client.on('error', () => undefined);
+        await client.connect();
+        try {
+          const { rows } = await client.query(
+            `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))::int AS n
                  FROM pg_stat_activity
                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`,
-            );
-            return rows[0].n as number;
-          } finally {
-            await client.end().catch(() => undefined);
-          }
-        },
-        log: () => readFile(logFile, 'utf8').catch(() => ''),
-        cleanup,
-      };
-    }
+          );
+          return rows[0].n as number;
+        } finally {
+          await client.end().catch(() => undefined);
+        }
+      },
+      log: folder.log,
+      cleanup,
+    };
   } catch (e) {
     await cleanup();
     throw e;
