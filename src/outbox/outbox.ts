@@ -284,11 +284,7 @@ export class Outbox {
     const { rows } = await this.run(this.plans.relays, []);
     const out: RelayStatus[] = [];
     for (const r of rows) {
-      const lag = await this.lag(r.name).catch((e: unknown) => {
-        // Removed between the two reads: not a relay any more.
-        if (e instanceof OrdoError && e.code === 'subscription_not_found') return undefined;
-        throw e;
-      });
+      const lag = await this.lagIfAny(r.name);
       if (lag) out.push(relayStatus(r, lag));
     }
     return out;
@@ -414,14 +410,18 @@ export class Outbox {
     const { rows } = await this.run(this.plans.names, []);
     const lags: SubscriptionLag[] = [];
     for (const row of rows) {
-      // A subscription removed between the two reads is simply not listed.
-      const lag = await this.lag(row.name).catch((e: OrdoError) => {
-        if (e.code === 'subscription_not_found') return undefined;
-        throw e;
-      });
+      const lag = await this.lagIfAny(row.name);
       if (lag) lags.push(lag);
     }
     return lags;
+  }
+
+  /** A subscription's lag; undefined when it was removed since its name was read, and is not listed. */
+  private lagIfAny(name: string): Promise<SubscriptionLag | undefined> {
+    return this.lag(name).catch((e: unknown) => {
+      if (e instanceof OrdoError && e.code === 'subscription_not_found') return undefined;
+      throw e;
+    });
   }
 
   /**
