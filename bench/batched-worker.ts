@@ -31,6 +31,8 @@ async function main(): Promise<void> {
       await go;
     }
     await drain.window(ordo, name, seconds, warmupSeconds);
+    // Reservations still in flight are counted with their ranges.
+    await ordo.sequences.idle();
     const result: WorkerResult = {
       nodeId: ordo.nodeId,
       total: drain.total,
@@ -40,6 +42,7 @@ async function main(): Promise<void> {
       ...drain.runs(),
       blockNs: drain.blockNs,
       statements: { ...statements },
+      ranges: ordo.sequences.reservations.get(name) ?? 0,
     };
     if (send) {
       await new Promise<void>((resolve, reject) =>

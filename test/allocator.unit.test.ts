@@ -7,7 +7,13 @@ import { describe, expect, it } from 'vitest';
 import { OrdoError } from '../src/errors.js';
 import { BACKOFF_BASE_MS, BACKOFF_CAP_MS, backoffDelay } from '../src/db/backoff.js';
 import { retryDelay } from '../src/outbox/consumer.js';
-import { Allocator, type Reservation, type Reserve, TIMEOUT_MESSAGE } from '../src/sequences/batched.js';
+import {
+  Allocator,
+  MAX_RANGES_PER_RESERVATION,
+  type Reservation,
+  type Reserve,
+  TIMEOUT_MESSAGE,
+} from '../src/sequences/batched.js';
 
 interface StorageOptions {
   batch: number;
@@ -20,7 +26,7 @@ interface StorageOptions {
   latency?: () => Promise<unknown>;
 }
 
-/** A fake storage sequence: each reservation takes the next block from one counter. */
+/** A fake storage sequence: each reservation takes the next blocks, as many as asked, from one counter. */
 function storage(o: StorageOptions) {
   const increment = o.increment ?? 1;
   const s = {
@@ -29,25 +35,31 @@ function storage(o: StorageOptions) {
     inFlight: 0,
     maxInFlight: 0,
     waits: [] as (number | null)[],
+    /** The ranges each reservation asked for. */
+    asked: [] as number[],
     handed: [] as Reservation[],
-    reserve: (async (_name, waitMs) => {
+    reserve: (async (_name, waitMs, ranges) => {
       s.calls++;
       s.waits.push(waitMs);
+      s.asked.push(ranges);
       s.inFlight++;
       s.maxInFlight = Math.max(s.maxInFlight, s.inFlight);
       try {
         await (o.latency ?? tick)();
-        const first = s.position;
-        s.position += o.batch * increment;
-        const r: Reservation = {
-          first,
-          last: first + (o.batch - 1) * increment,
-          increment,
-          epoch: o.epoch?.(s.calls) ?? 1,
-          timeoutMs: o.timeoutMs === undefined ? null : o.timeoutMs,
-        };
-        s.handed.push(r);
-        return r;
+        const epoch = o.epoch?.(s.calls) ?? 1;
+        return Array.from({ length: ranges }, () => {
+          const first = s.position;
+          s.position += o.batch * increment;
+          const r: Reservation = {
+            first,
+            last: first + (o.batch - 1) * increment,
+            increment,
+            epoch,
+            timeoutMs: o.timeoutMs === undefined ? null : o.timeoutMs,
+          };
+          s.handed.push(r);
+          return r;
+        });
       } finally {
         s.inFlight--;
       }
@@ -66,13 +78,17 @@ function deferred<T>() {
   return { promise, resolve, reject };
 }
 
-/** A reserve whose calls wait until the test answers them, one by one. */
+/** A reserve whose calls wait until the test answers them, one by one (with one range, or several). */
 function manual() {
-  const pending: { waitMs: number | null; answer: ReturnType<typeof deferred<Reservation>> }[] = [];
-  const reserve: Reserve = (_name, waitMs) => {
-    const answer = deferred<Reservation>();
-    pending.push({ waitMs, answer });
-    return answer.promise;
+  const pending: {
+    waitMs: number | null;
+    ranges: number;
+    answer: ReturnType<typeof deferred<Reservation | Reservation[]>>;
+  }[] = [];
+  const reserve: Reserve = (_name, waitMs, ranges) => {
+    const answer = deferred<Reservation | Reservation[]>();
+    pending.push({ waitMs, ranges, answer });
+    return answer.promise.then((r) => (Array.isArray(r) ? r : [r]));
   };
   return { reserve, pending };
 }
@@ -184,9 +200,11 @@ describe('Allocator', () => {
     expect(new Set(resolved).size).toBe(1000);
     // Nothing skipped: the first 1000 values of the ranges, in the order they were handed out.
     expect(resolved).toEqual(valuesOf(s.handed).slice(0, 1000));
-    // ⌈1000 / 7⌉ ranges used, plus at most one prefetched.
-    expect(s.calls).toBeGreaterThanOrEqual(143);
-    expect(s.calls).toBeLessThanOrEqual(144);
+    // ⌈1000 / 7⌉ = 143 ranges used. While callers wait, each reservation asks for twice as many
+    // as the one before, from one (the cold start) up to the maximum.
+    expect(s.asked).toEqual([1, 2, 4, 8, 16, 32, 64, 64, 64].slice(0, s.asked.length));
+    expect(s.handed.length).toBeGreaterThanOrEqual(143);
+    expect(s.handed.length - 143).toBeLessThan(s.asked.at(-1)!);
   });
 
   it('property: values are unique, increasing, and exactly the ranges in order, whatever the batch, increment and concurrency', async () => {
@@ -213,8 +231,10 @@ describe('Allocator', () => {
           expect(s.maxInFlight).toBeLessThanOrEqual(1);
           expect(strictlyIncreasing(resolved)).toBe(true);
           expect(resolved).toEqual(valuesOf(s.handed).slice(0, total));
-          // Never more than one range ahead of what is used.
-          expect(s.calls).toBeLessThanOrEqual(Math.ceil(total / batch) + 1);
+          // Never more ranges ahead of what is used than the last two reservations brought.
+          const ahead = s.handed.length - Math.ceil(total / batch);
+          expect(ahead).toBeLessThanOrEqual(s.asked.slice(-2).reduce((x, y) => x + y, 0));
+          for (const asked of s.asked) expect(asked).toBeLessThanOrEqual(MAX_RANGES_PER_RESERVATION);
         },
       ),
       { numRuns: 150 },
@@ -255,6 +275,89 @@ describe('Allocator', () => {
     }
     expect(values).toEqual(Array.from({ length: 1000 }, (_, i) => i));
     expect(waited).toBe(1);
+  });
+
+  it('a node using ranges faster than a round trip asks for more per reservation until it never waits, and for fewer when it slows', async () => {
+    const m = manual();
+    const a = new Allocator('ids', m.reserve, null, open);
+    let position = 0;
+    /** Answers the reservation in flight with the ranges of 10 values it asked for. */
+    const answer = () => {
+      const call = m.pending.at(-1)!;
+      const ranges = Array.from({ length: call.ranges }, () => range(position, (position += 10) - 1));
+      call.answer.resolve(ranges);
+      return flush();
+    };
+    const first = a.handOut();
+    await answer();
+    expect(await first).toBe(0);
+    /** Takes `n` values during one round trip; returns how many found nothing in memory. */
+    const roundTrip = async (n: number) => {
+      let missed = 0;
+      for (let i = 0; i < n; i++) if (a.handOutNow() === undefined) missed++;
+      const waiting = missed > 0 ? a.handOut() : undefined; // a caller that found nothing waits
+      await answer();
+      await waiting;
+      return missed;
+    };
+    // 50 values per round trip: five ranges. The asks double while callers wait, then settle
+    // at about twice what was used during a round trip, and nobody waits any more.
+    const missed: number[] = [];
+    for (let i = 0; i < 8; i++) missed.push(await roundTrip(50));
+    expect(missed.slice(-3)).toEqual([0, 0, 0]);
+    const settled = m.pending.slice(-3).map((p) => p.ranges);
+    for (const ranges of settled) expect(ranges).toBeGreaterThanOrEqual(5);
+    expect(Math.max(...m.pending.map((p) => p.ranges))).toBeLessThanOrEqual(16);
+    // Slower than one range per round trip: back to one range at a time.
+    for (let i = 0; i < 40; i++) await roundTrip(m.pending.at(-1) === undefined ? 0 : 5);
+    expect(m.pending.at(-1)!.ranges).toBe(1);
+  });
+
+  it('never asks for more than MAX_RANGES_PER_RESERVATION, however fast the node', async () => {
+    const s = storage({ batch: 1 });
+    const a = new Allocator('ids', s.reserve, null, open);
+    for (let i = 0; i < 5000; i++) a.handOutNow() ?? (await a.handOut());
+    expect(Math.max(...s.asked)).toBe(MAX_RANGES_PER_RESERVATION);
+    expect(s.maxInFlight).toBe(1);
+  });
+
+  it('release() returns the unused values that end the last range: the ranges ahead that adjoin it and the rest of the one in use', async () => {
+    const m = manual();
+    const a = new Allocator('ids', m.reserve, null, open);
+    const first = a.handOut();
+    m.pending[0]!.answer.resolve(range(0, 9));
+    expect(await first).toBe(0);
+    // The prefetch comes back with three adjoining ranges, as a reservation of three would.
+    m.pending[1]!.answer.resolve([range(10, 19), range(20, 29), range(30, 39)]);
+    await flush();
+    expect(a.held()).toEqual({
+      current: { first: 0, next: 1, last: 9 },
+      ahead: [
+        { first: 10, last: 19 },
+        { first: 20, last: 29 },
+        { first: 30, last: 39 },
+      ],
+    });
+    expect(a.release()).toEqual({ from: 1, lastFirst: 30, epoch: 1 });
+    expect(a.held()).toEqual({ current: undefined, ahead: [] });
+  });
+
+  it('release() stops at a gap between ranges held: another node reserved between them', async () => {
+    const m = manual();
+    const a = new Allocator('ids', m.reserve, null, open);
+    const first = a.handOut();
+    m.pending[0]!.answer.resolve([range(0, 9), range(20, 29), range(30, 39)]);
+    expect(await first).toBe(0);
+    expect(a.release()).toEqual({ from: 20, lastFirst: 30, epoch: 1 });
+  });
+
+  it('release() after the range in use ran out, nothing ahead: nothing to give back', async () => {
+    const m = manual();
+    const a = new Allocator('ids', m.reserve, null, open);
+    const first = a.handOut();
+    m.pending[0]!.answer.resolve(range(0, 0));
+    expect(await first).toBe(0);
+    expect(a.release()).toBeUndefined();
   });
 
   it('drop() during a reservation discards that reservation’s range: a gap, never a reuse', async () => {
@@ -393,7 +496,7 @@ describe('Allocator', () => {
     const reserve: Reserve = async () => {
       calls++;
       if (calls <= 3) throw new OrdoError('database_unavailable', 'down');
-      return range(100, 109);
+      return [range(100, 109)];
     };
     const a = new Allocator('ids', reserve, 5000, open);
     expect(await within(a.handOut(), 2000)).toBe(100);
@@ -405,7 +508,7 @@ describe('Allocator', () => {
     const reserve: Reserve = async (_name, waitMs) => {
       waits.push(waitMs);
       if (waits.length <= 4) throw new OrdoError('timeout', 'lock');
-      return range(0, 9);
+      return [range(0, 9)];
     };
     const a = new Allocator('ids', reserve, null, open);
     expect(await a.handOut()).toBe(0);
@@ -442,7 +545,7 @@ describe('Allocator', () => {
     const reserve: Reserve = async () => {
       calls++;
       if (calls === 1) throw new OrdoError('sequence_not_found', 'gone');
-      return range(0, 4);
+      return [range(0, 4)];
     };
     const a = new Allocator('ids', reserve, null, open);
     await expect(a.handOut()).rejects.toMatchObject({ code: 'sequence_not_found' });
@@ -455,7 +558,7 @@ describe('Allocator', () => {
       calls++;
       await tick();
       if (calls === 2) throw new OrdoError('sequence_exhausted', 'no more');
-      return range((calls - 1) * 5, (calls - 1) * 5 + 4);
+      return [range((calls - 1) * 5, (calls - 1) * 5 + 4)];
     };
     const a = new Allocator('ids', reserve, null, open);
     expect(await a.handOut()).toBe(0);
@@ -471,7 +574,7 @@ describe('Allocator', () => {
     let calls = 0;
     const reserve: Reserve = async () => {
       calls++;
-      return range(0, 9);
+      return [range(0, 9)];
     };
     const a = new Allocator('ids', reserve, 0, open);
     await expect(a.handOut()).rejects.toMatchObject({ code: 'timeout', message: `${TIMEOUT_MESSAGE}: 0ns` });
@@ -511,7 +614,7 @@ describe('Allocator', () => {
     let calls = 0;
     const reserve: Reserve = async () => {
       calls++;
-      return range(0, 9);
+      return [range(0, 9)];
     };
     const a = new Allocator('ids', reserve, null, () => true);
     await expect(a.handOut()).rejects.toMatchObject({ code: 'closed' });

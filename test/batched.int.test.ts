@@ -9,6 +9,7 @@ import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo, OrdoError } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
+import { MAX_RANGES_PER_RESERVATION } from '../src/sequences/batched.js';
 import { drawer, duplicates, maxOf, range } from './support/drawer.js';
 import { until } from './support/until.js';
 
@@ -555,7 +556,7 @@ describe('SQL callers and round trips', () => {
     expect(strictlyIncreasing(d1.values) && strictlyIncreasing(d2.values)).toBe(true);
   });
 
-  it('one reservation statement per batch: 50,000 values with batch 1000 take at most 51; ownership rows carry the node id; collect_batches deletes them', async () => {
+  it('ranges of a batch each, several per statement when the node needs them: 50,000 values with batch 1000 take 50 ranges and fewer statements; ownership rows carry the node id; collect_batches deletes them', async () => {
     const name = 'counted';
     await main.sequences.define({ name, kind: 'batched', batch: 1000 });
     const nodeId = '5f0c6a1e-3b2d-4c8e-9a7f-0123456789ab';
@@ -571,11 +572,13 @@ describe('SQL callers and round trips', () => {
     );
     await n.sequences.idle();
     expect([...values].sort((x, y) => x - y)).toEqual(range(0, 49_999));
-    expect(counting.reserves).toBeGreaterThanOrEqual(50);
-    expect(counting.reserves).toBeLessThanOrEqual(51);
-
+    // 50 callers waiting at once: each statement asks for twice the ranges of the one before.
+    expect(counting.reserves).toBeLessThan(20);
     const rows = await ownership(name);
-    expect(rows).toHaveLength(counting.reserves);
+    expect(rows.length).toBeGreaterThanOrEqual(50);
+    // Ahead of what was used, at most the last two statements' ranges.
+    expect(rows.length).toBeLessThanOrEqual(50 + 2 * MAX_RANGES_PER_RESERVATION);
+    expect(n.sequences.reservations.get(name)).toBe(rows.length);
     const { epoch } = (await n.sequences.get(name))!;
     rows.forEach((r, i) => {
       expect(r).toEqual({ nodeId, first: i * 1000, last: i * 1000 + 999, epoch });
@@ -621,6 +624,95 @@ describe('a clean close gives the unused rest back, never a value twice', () => 
     })();
     await Promise.all([...workers, sqlLoop]);
     expect(duplicates(...all, sql)).toEqual([]);
+  });
+
+  it('a busy node that closes gives back every range ahead that adjoins its last one: the next node goes on at its first value never handed out', async () => {
+    const name = 'givenBackMany';
+    await main.sequences.define({ name, kind: 'batched', batch: 10 });
+    const nodeId = randomUUID();
+    const a = await node({ nodeId });
+    // 40 callers at once: the node asks for more ranges per statement while they wait.
+    const drawn = (await Promise.all(range(1, 40).map(() => a.sequences.nextMany(name, 25)))).flatMap(
+      (issued) => issued.map((i) => i.value as number),
+    );
+    await a.sequences.idle();
+    const held = await ownership(name, nodeId);
+    const top = maxOf(drawn);
+    expect(held.filter((r) => r.first > top).length).toBeGreaterThan(1);
+    await a.close();
+    // Everything above the last value drawn went back: its ranges' rows are gone or cut.
+    expect(await position(name)).toBe(top + 1);
+    for (const r of await ownership(name, nodeId)) expect(r.last).toBeLessThanOrEqual(top);
+    const b = await node();
+    expect(await b.nextval(name)).toBe(top + 1);
+  });
+
+  it('give_back() moves nothing across another node’s range between the closing node’s ranges, even one partly given back', async () => {
+    const name = 'givenBackInterleaved';
+    await main.sequences.define({ name, kind: 'batched', batch: 100 });
+    const [a, b] = [randomUUID(), randomUUID()];
+    const reserve = async (nodeId: string, ranges: number) =>
+      (
+        await raw.query('SELECT first, last FROM ordo.reserve($1, $2, null, $3)', [name, nodeId, ranges])
+      ).rows.map((r) => [Number(r.first), Number(r.last)]);
+    const giveBack = async (nodeId: string, lastFirst: number, from: number) =>
+      (
+        await raw.query(
+          'SELECT ordo.give_back($1, $2, (SELECT epoch FROM ordo.sequences WHERE name = $1), $3, $4, 1000) AS given_back',
+          [name, nodeId, lastFirst, from],
+        )
+      ).rows[0].given_back as boolean;
+    expect(await reserve(a, 2)).toEqual([
+      [0, 99],
+      [100, 199],
+    ]);
+    expect(await reserve(b, 1)).toEqual([[200, 299]]);
+    // b hands out 200..249 and gives back the rest: the storage stands at 250, off the grid of 100.
+    expect(await giveBack(b, 200, 250)).toBe(true);
+    expect(await reserve(a, 1)).toEqual([[250, 349]]);
+    // a's ranges 100..199 and 250..349 do not adjoin: 200..249 went out from b's range between.
+    expect(await giveBack(a, 250, 150)).toBe(false);
+    expect(await giveBack(a, 250, 50)).toBe(false);
+    expect(await position(name)).toBe(350);
+    // From within its last range, it may.
+    expect(await giveBack(a, 250, 300)).toBe(true);
+    expect(await position(name)).toBe(300);
+    // And two adjoining ranges of one statement go back together.
+    expect(await reserve(a, 3)).toEqual([
+      [300, 399],
+      [400, 499],
+      [500, 599],
+    ]);
+    expect(await giveBack(a, 500, 320)).toBe(true);
+    expect(await position(name)).toBe(320);
+    expect((await ownership(name, a)).map((r) => [r.first, r.last])).toEqual([
+      [0, 99],
+      [100, 199],
+      [250, 299],
+      [300, 319],
+    ]);
+  });
+
+  it('reserve() near the maximum returns the ranges left, fewer than asked; with none left, sequence_exhausted', async () => {
+    const name = 'nearTheEnd';
+    await main.sequences.define({ name, kind: 'batched', batch: 10, maxValue: 35 });
+    const { rows } = await raw.query(`SELECT first, last FROM ordo.reserve($1, $2, null, 8)`, [
+      name,
+      randomUUID(),
+    ]);
+    expect(rows.map((r) => [Number(r.first), Number(r.last)])).toEqual([
+      [0, 9],
+      [10, 19],
+      [20, 29],
+      [30, 35],
+    ]);
+    await expect(
+      raw.query(`SELECT * FROM ordo.reserve($1, $2, null, 8)`, [name, randomUUID()]),
+    ).rejects.toMatchObject({
+      code: 'OX002',
+    });
+    const n = await node();
+    await expect(n.nextval(name)).rejects.toMatchObject({ code: 'sequence_exhausted' });
   });
 
   /** Where the sequence's storage stands: the first value of the next range reserved. */

@@ -62,7 +62,7 @@ export function toHeldRange(r: any, mine: HeldSupply | undefined): HeldRange {
   let used: number | null = null;
   if (mine) {
     if (mine.current?.first === first) used = Math.round((mine.current.next - first) / increment);
-    else if (mine.spare?.first === first) used = 0;
+    else if (mine.ahead.some((r) => r.first === first)) used = 0;
     // An older range of this node: it moved on to a later one, so this one was used up.
     else if (mine.current && first < mine.current.first) used = size;
   }

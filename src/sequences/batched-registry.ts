@@ -32,9 +32,9 @@ export class BatchedRegistry {
   private reserver: pg.Client | undefined;
   private reserverBusy = false;
   private connecting: Promise<void> | undefined;
-  /** Reservations made by this node, per sequence (read by the server's /metrics). */
+  /** Ranges reserved by this node, per sequence (read by the server's /metrics). */
   readonly reservations = new Map<string, number>();
-  /** Told of each reservation made and how long its statement took (the server's latency histogram). */
+  /** Told of each reservation statement and how long it took (the server's latency histogram). */
   readonly reservationListeners = new Set<(sequence: string, ms: number) => void>();
 
   constructor(
@@ -56,7 +56,7 @@ export class BatchedRegistry {
     if (!allocator) {
       allocator = new Allocator(
         definition.name,
-        (n, wait) => this.reserve(n, wait),
+        (n, wait, ranges) => this.reserve(n, wait, ranges),
         definition.timeoutMs,
         this.isClosed,
       );
@@ -80,6 +80,11 @@ export class BatchedRegistry {
     this.allocators.get(d.name)?.retire(d.epoch, d.timeoutMs);
   }
 
+  /** Resolves when no reservation is in flight. */
+  async settle(): Promise<void> {
+    await Promise.all([...this.allocators.values()].map((a) => a.settle()));
+  }
+
   /**
    * Gives back the values this node never handed out, where they end the sequence's last
    * range (so a restart goes on where this node stopped), then drops every range.
@@ -87,9 +92,9 @@ export class BatchedRegistry {
   async close(): Promise<void> {
     clearTimeout(this.checker);
     this.checker = undefined;
-    const allocators = [...this.allocators.values()];
     // A reservation still in flight is waited for: its range may be the last one.
-    await Promise.all(allocators.map((a) => a.settle()));
+    await this.settle();
+    const allocators = [...this.allocators.values()];
     const tails = allocators.map((a) => ({ name: a.name, tail: a.release() }));
     for (const name of [...this.allocators.keys()]) this.forget(name);
     await Promise.all(tails.map(({ name, tail }) => (tail ? this.giveBack(name, tail) : undefined)));
@@ -99,7 +104,7 @@ export class BatchedRegistry {
     this.reserver = undefined;
   }
 
-  private async reserve(name: string, waitMs: number | null): Promise<Reservation> {
+  private async reserve(name: string, waitMs: number | null, ranges: number): Promise<Reservation[]> {
     const dedicated = this.reserver && !this.reserverBusy ? this.reserver : undefined;
     if (!this.reserver) this.connectReserver();
     if (dedicated) this.reserverBusy = true;
@@ -107,21 +112,25 @@ export class BatchedRegistry {
     const started = performance.now();
     try {
       // Not retried here: the allocator retries reservations itself, within the sequence's TIMEOUT.
-      ({ rows } = await this.run(dedicated ?? this.pool, this.plans.reserve, [name, this.nodeId, waitMs], 0));
+      ({ rows } = await this.run(
+        dedicated ?? this.pool,
+        this.plans.reserve,
+        [name, this.nodeId, waitMs, ranges],
+        0,
+      ));
     } finally {
       if (dedicated) this.reserverBusy = false;
     }
-    const r = rows[0];
-    this.reservations.set(name, (this.reservations.get(name) ?? 0) + 1);
+    this.reservations.set(name, (this.reservations.get(name) ?? 0) + rows.length);
     const ms = performance.now() - started;
     for (const listener of this.reservationListeners) listener(name, ms);
-    return {
+    return rows.map((r) => ({
       first: Number(r.first),
       last: Number(r.last),
       increment: Number(r.increment),
       epoch: Number(r.epoch),
       timeoutMs: r.timeout_ms === null ? null : Number(r.timeout_ms),
-    };
+    }));
   }
 
   /**

@@ -15,14 +15,24 @@ export interface Reservation {
   timeoutMs: number | null;
 }
 
-/** What a node's supply holds right now: the range in use (`next` the first value not handed out) and the one after. */
+/** What a node's supply holds right now: the range in use (`next` the first value not handed out) and those after it. */
 export interface HeldSupply {
   current: { first: number; next: number; last: number } | undefined;
-  spare: { first: number; last: number } | undefined;
+  ahead: { first: number; last: number }[];
 }
 
-/** Reserves a range; `waitMs` bounds how long the statement may wait for a lock. */
-export type Reserve = (name: string, waitMs: number | null) => Promise<Reservation>;
+/**
+ * Reserves `ranges` ranges in one statement (fewer near the sequence's maximum), in increasing
+ * order; `waitMs` bounds how long the statement may wait for a lock.
+ */
+export type Reserve = (name: string, waitMs: number | null, ranges: number) => Promise<Reservation[]>;
+
+/**
+ * The most ranges one reservation asks for. A node asks for about twice what it used during its
+ * last round trip, so this bounds both the statement and what a node that stops without closing
+ * leaves as a gap.
+ */
+export const MAX_RANGES_PER_RESERVATION = 64;
 
 /** Failures worth another try: the database was busy, unreachable, or changed under us. */
 const RETRYABLE = new Set<OrdoErrorCode>(['timeout', 'database_unavailable', 'database_error']);
@@ -45,11 +55,15 @@ export interface UnusedTail {
 }
 
 /**
- * One node's supply of a batched sequence. Values come from a range in memory with no I/O;
- * the next range is reserved in the background as soon as the current one is in use; at most
- * one reservation is in flight. Values are unique across nodes (ranges come from one
- * PostgreSQL sequence) and increase within this node. Dropping the supply (the sequence was
- * redefined or removed) discards its ranges: a gap, never a reuse.
+ * One node's supply of a batched sequence. Values come from a range in memory with no I/O.
+ * Ranges are reserved in the background, at most one reservation in flight, so that the node
+ * never waits once it runs steadily: a reservation starts when fewer ranges are ahead than one
+ * reservation brings, and it asks for about twice as many as were used during the last one's
+ * round trip (doubling when callers waited for it), from 1 up to MAX_RANGES_PER_RESERVATION.
+ * A node taking a value now and then holds the range in use and one ahead; a busy one holds
+ * enough for a round trip. Values are unique across nodes (ranges come from one PostgreSQL
+ * sequence) and increase within this node. Dropping the supply (the sequence was redefined or
+ * removed) discards its ranges: a gap, never a reuse.
  */
 export class Allocator {
   /** The current range: `first` … `last`, `next` the first value not handed out. */
@@ -58,8 +72,15 @@ export class Allocator {
   private last = 0;
   private increment = 1;
   private epoch: number | undefined;
-  private spare: Reservation | undefined;
+  /** Ranges reserved and not yet in use, in order. */
+  private ahead: Reservation[] = [];
   private reserving: Promise<void> | undefined;
+  /** How many ranges the next reservation asks for. */
+  private perReservation = 1;
+  /** Ranges put in use so far: the count during a round trip measures the demand. */
+  private installs = 0;
+  /** A caller found nothing in memory while a reservation was in flight: it started too late. */
+  private starved = false;
   /** Bumped by drop(): a reservation started before it must not install its range. */
   private generation = 0;
   /** Ranges of older definitions are never installed (see retire()). */
@@ -79,25 +100,23 @@ export class Allocator {
 
   /** The ranges held, for the dashboard: read only. */
   held(): HeldSupply {
-    const { epoch, first, next, last, spare } = this;
+    const { epoch, first, next, last, ahead } = this;
     return {
       current: epoch === undefined || last < first ? undefined : { first, next, last },
-      spare: spare && { first: spare.first, last: spare.last },
+      ahead: ahead.map((r) => ({ first: r.first, last: r.last })),
     };
   }
 
-  /** A value from memory, or undefined when the current range is used up. */
+  /** A value from memory, or undefined when the ranges held are used up. */
   handOutNow(): number | undefined {
     if (this.next > this.last) {
-      if (!this.spare) return undefined;
-      this.install(this.spare);
-      this.spare = undefined;
+      const r = this.ahead.shift();
+      if (!r) return undefined;
+      this.install(r);
     }
     const value = this.next;
     this.next += this.increment;
-    // Keep the next range ready: with one reservation in flight, a node can use at most two
-    // ranges per round trip, and it should not wait for either.
-    if (!this.spare && !this.reserving) {
+    if (!this.reserving && this.ahead.length < this.perReservation) {
       this.refill().catch(() => undefined); // a failed prefetch is retried by the caller who needs it
     }
     return value;
@@ -108,6 +127,7 @@ export class Allocator {
     for (;;) {
       const value = this.handOutNow();
       if (value !== undefined) return value;
+      this.starved ||= this.reserving !== undefined;
       await this.refill();
     }
   }
@@ -118,20 +138,24 @@ export class Allocator {
   }
 
   /**
-   * Drops every range held, returning the values never handed out when they end the last
-   * range reserved: the rest of the current range (if the spare follows it) and the spare.
-   * Synchronous, so nothing can be handed out from what is returned.
+   * Drops every range held, returning the values never handed out that end the last range
+   * reserved: that range, the ranges ahead just before it with no value between, and the rest
+   * of the current range if it adjoins them. (A range ahead after a gap, where another node
+   * reserved meanwhile, stays a gap.) Synchronous, so nothing can be handed out from what is
+   * returned.
    */
   release(): UnusedTail | undefined {
-    const { epoch, spare, first, next, last, increment } = this;
+    const { epoch, ahead, first, next, last, increment } = this;
     this.drop();
     if (epoch === undefined) return undefined;
-    const unused = next <= last;
-    if (spare) {
-      const adjoining = unused && last + increment === spare.first;
-      return { from: adjoining ? next : spare.first, lastFirst: spare.first, epoch };
+    const held = next <= last ? [{ first: next, last }, ...ahead] : ahead;
+    const lastRange = ahead.at(-1) ?? { first, last };
+    let from: number | undefined;
+    for (let i = held.length - 1; i >= 0; i--) {
+      from = held[i]!.first;
+      if (i > 0 && held[i - 1]!.last + increment !== held[i]!.first) break;
     }
-    return unused ? { from: next, lastFirst: first, epoch } : undefined;
+    return from === undefined ? undefined : { from, lastFirst: lastRange.first, epoch };
   }
 
   /**
@@ -156,10 +180,11 @@ export class Allocator {
   private clear(): void {
     this.next = 1;
     this.last = 0;
-    this.spare = undefined;
+    this.ahead = [];
     this.epoch = undefined;
   }
 
+  /** Starts a reservation unless one is in flight. */
   private refill(): Promise<void> {
     this.reserving ??= this.reserveWithRetry().finally(() => {
       this.reserving = undefined;
@@ -169,6 +194,8 @@ export class Allocator {
 
   private async reserveWithRetry(): Promise<void> {
     const generation = this.generation;
+    const installs = this.installs;
+    this.starved = false;
     const started = performance.now();
     let lastError: unknown;
     for (let attempt = 0; ; attempt++) {
@@ -176,9 +203,14 @@ export class Allocator {
       const remaining = this.timeoutMs === null ? null : this.timeoutMs - (performance.now() - started);
       if (remaining !== null && remaining <= 0) throw timeoutError(this.timeoutMs!, lastError);
       try {
-        const r = await this.reserve(this.name, remaining === null ? null : Math.ceil(remaining));
-        // Dropped meanwhile, or of a definition known to be gone: the range becomes a gap.
-        if (generation === this.generation && r.epoch >= this.floor) this.accept(r);
+        const ranges = await this.reserve(
+          this.name,
+          remaining === null ? null : Math.ceil(remaining),
+          this.perReservation,
+        );
+        this.adapt(this.installs - installs, this.starved);
+        // Dropped meanwhile, or of a definition known to be gone: the ranges become a gap.
+        for (const r of ranges) if (generation === this.generation && r.epoch >= this.floor) this.accept(r);
         return;
       } catch (error) {
         if (!(error instanceof OrdoError) || !RETRYABLE.has(error.code)) throw error;
@@ -189,16 +221,29 @@ export class Allocator {
     }
   }
 
+  /**
+   * The next reservation's size from this one's round trip: twice the ranges used meanwhile,
+   * so a steady node has a round trip's worth ahead when the next one starts; twice as many as
+   * before when callers waited for it (the ranges used cannot show a demand that found none).
+   * The caller that starts a reservation on a cold node does not count as waiting.
+   */
+  private adapt(usedMeanwhile: number, starved: boolean): void {
+    const wanted = Math.max(2 * usedMeanwhile, starved ? 2 * this.perReservation : 1);
+    this.perReservation = Math.min(wanted, MAX_RANGES_PER_RESERVATION);
+  }
+
   private accept(r: Reservation): void {
     // Redefined and the notification has not arrived (or was missed): nothing older is served.
     if (this.epoch !== undefined && r.epoch !== this.epoch) this.clear();
     this.epoch = r.epoch;
     this.timeoutMs = r.timeoutMs;
-    if (this.next > this.last) this.install(r);
-    else this.spare = r;
+    // Behind any range already ahead (the one in use may have just run out with some ahead):
+    // handOutNow() puts them in use in order.
+    this.ahead.push(r);
   }
 
   private install(r: Reservation): void {
+    this.installs++;
     this.first = r.first;
     this.next = r.first;
     this.last = r.last;

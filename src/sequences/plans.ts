@@ -28,8 +28,8 @@ export function sequencePlans(schema: string) {
       ORDER BY d.name, c.scope, c.period`,
     remove: `SELECT ${s}.remove_sequence($1) AS removed`,
     alterTimeout: `SELECT ${s}.alter_sequence_timeout($1, $2) AS altered`,
-    /** A node's range of a batched sequence: one nextval() on its storage, plus the ownership row. */
-    reserve: `SELECT first, last, epoch, increment, timeout_ms FROM ${s}.reserve($1, $2, $3) ${durable}`,
+    /** A node's ranges of a batched sequence ($4 of them): a nextval() on its storage for each, plus the ownership rows. */
+    reserve: `SELECT first, last, epoch, increment, timeout_ms FROM ${s}.reserve($1, $2, $3, $4) ${durable}`,
     /** A closing node gives its unused values back, if they end the last range (compare-and-set). */
     giveBack: `SELECT ${s}.give_back($1, $2, $3, $4, $5, $6) AS given_back`,
     /** Epochs of the batched sequences a node holds ranges of (a missed NOTIFY cannot keep a range alive). */
@@ -60,9 +60,12 @@ export function sequencePlans(schema: string) {
     /** Counters of one sequence ($1) or of all (null), the most recently used first, at most $2. */
     counters: `SELECT sequence, scope, to_char(nullif(period, '-infinity'), 'YYYY-MM-DD') AS period, value, updated_at
       FROM ${s}.counters WHERE $1::text IS NULL OR sequence = $1 ORDER BY updated_at DESC, sequence, scope LIMIT $2`,
-    /** The ranges each node holds of the current definition: its last two (the one in use and the next). */
+    /**
+     * The ranges each node holds of the current definition: those of its last two reservations
+     * (the ranges of one reservation share its reserved_at), which hold the one in use and those ahead.
+     */
     ranges: `SELECT sequence, node_id, first, last, epoch, reserved_at, increment FROM (
-        SELECT b.*, d.increment, row_number() OVER (PARTITION BY b.sequence, b.node_id ORDER BY b.first DESC) AS nth
+        SELECT b.*, d.increment, dense_rank() OVER (PARTITION BY b.sequence, b.node_id ORDER BY b.reserved_at DESC) AS nth
           FROM ${s}.sequence_batches AS b JOIN ${s}.sequences AS d ON d.name = b.sequence AND d.epoch = b.epoch
          WHERE $1::text IS NULL OR b.sequence = $1) AS held
       WHERE nth <= 2 ORDER BY sequence, node_id, first`,

@@ -326,8 +326,8 @@ export class Sequences {
   }
 
   /**
-   * The ranges of batched sequences each node holds (its last two of the current definition),
-   * with how much of each this node has used of its own.
+   * The ranges of batched sequences each node holds (those of its last two reservations of the
+   * current definition), with how much of each this node has used of its own.
    */
   async ranges(name?: string): Promise<HeldRange[]> {
     this.ensureOpen();
@@ -345,17 +345,18 @@ export class Sequences {
     return rows.map(toActivity);
   }
 
-  /** Calls `listener` after each range this node reserves, with the statement's duration; returns the unsubscribe. */
+  /** Calls `listener` after each reservation this node makes (one statement, one range or several), with its duration; returns the unsubscribe. */
   onReservation(listener: (sequence: string, ms: number) => void): () => void {
     this.batched.reservationListeners.add(listener);
     return () => this.batched.reservationListeners.delete(listener);
   }
 
-  /** @internal Resolves when every call accepted so far has been answered. */
+  /** @internal Resolves when every call accepted so far has been answered, and no range is being reserved. */
   async idle(): Promise<void> {
     do {
       await this.coalescer.idle();
       await this.inFlight.idle();
+      await this.batched.settle();
     } while (this.inFlight.busy);
   }
 

@@ -15,7 +15,7 @@ BEGIN
     IF seq_scope IS DISTINCT FROM '' THEN
       RAISE EXCEPTION USING ERRCODE = 'OX003', MESSAGE = format('The sequence %L is batched: it has no scopes', seq_name);
     END IF;
-    RETURN {{schema}}.take_block(seq_name);
+    RETURN ({{schema}}.take_blocks(seq_name, 1))[1];
   END IF;
   RETURN (SELECT t.value FROM {{schema}}.take(seq_name, seq_scope, at, 1) AS t);
 END $$;
