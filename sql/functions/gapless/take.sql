@@ -20,7 +20,8 @@
 --    race. The row lock is the guarantee; the queue only orders the takers in front of it.
 -- The common case (no wrap, no exhaustion) is plain arithmetic inside the upsert, so the row lock
 -- is held for as little work as possible; value_after() handles the rest. Nothing follows the
--- upsert but the answer, and the text is rendered only when the sequence has a format.
+-- upsert but the answer: a sequence with a format has its text's template (render_template(),
+-- all but the number) rendered before the queue, and each value only filled in (render_fill()).
 --
 -- Raises invalid_argument (OX003) for a null scope or instant or a count outside 1 to 1000000,
 -- sequence_not_found (OX001), OX004 for a batched sequence, and sequence_exhausted (OX002).
@@ -32,6 +33,7 @@ DECLARE
   s {{schema}}.sequences;
   local_at timestamp;
   p date;
+  template text[];
   step bigint;
   last_value bigint;
   prev bigint;
@@ -53,6 +55,9 @@ BEGIN
   END IF;
   local_at := at AT TIME ZONE s.time_zone;
   p := {{schema}}.period_start(s.reset, s.year_start, local_at);
+  IF s.format IS NOT NULL THEN
+    template := {{schema}}.render_template(s.format, seq_scope, local_at, s.year_start);
+  END IF;
   -- The counter's queue (above), right before its row.
   IF {{schema}}.queue_on_counter(seq_name, seq_scope, p) IS NULL THEN
     NULL;
@@ -75,14 +80,11 @@ BEGIN
   period := CASE WHEN s.reset = 'never' THEN NULL ELSE to_char(p, 'YYYY-MM-DD') END;
   IF how_many = 1 THEN
     value := last_value;
-    text := CASE WHEN s.format IS NULL THEN last_value::text
-                 ELSE {{schema}}.render(s.format, last_value, seq_scope, local_at, s.year_start) END;
+    text := CASE WHEN template IS NULL THEN last_value::text ELSE {{schema}}.render_fill(template, last_value) END;
     RETURN NEXT;
     RETURN;
   END IF;
   RETURN QUERY
-    SELECT v, CASE WHEN s.format IS NULL THEN v::text
-                   ELSE {{schema}}.render(s.format, v, seq_scope, local_at, s.year_start) END,
-           period
+    SELECT v, CASE WHEN template IS NULL THEN v::text ELSE {{schema}}.render_fill(template, v) END, period
     FROM (SELECT {{schema}}.value_after(s, prev, i) AS v FROM generate_series(1, how_many) AS i) AS issued;
 END $$;

@@ -45,7 +45,9 @@ BEGIN
     FROM unnest(names, scopes, ats, counts) WITH ORDINALITY AS u(name, scope, at, how_many, i)
     JOIN {{schema}}.sequences AS d ON d.name = u.name
   ), keyed AS (
-    SELECT i.*, {{schema}}.period_start(i.reset, i.year_start, i.local_at) AS p
+    -- The text's template (all but the number) is rendered here, before the rows are locked.
+    SELECT i.*, {{schema}}.period_start(i.reset, i.year_start, i.local_at) AS p,
+           CASE WHEN i.format IS NOT NULL THEN {{schema}}.render_template(i.format, i.scope, i.local_at, i.year_start) END AS template
     FROM input AS i
   ), placed AS (
     -- How many values earlier requests on the same row take before this one.
@@ -74,8 +76,7 @@ BEGIN
     RETURNING c.sequence, c.scope, c.period, c.previous
   )
   SELECT pl.request, v.v,
-         CASE WHEN pl.format IS NULL THEN v.v::text
-              ELSE {{schema}}.render(pl.format, v.v, pl.scope, pl.local_at, pl.year_start) END,
+         CASE WHEN pl.template IS NULL THEN v.v::text ELSE {{schema}}.render_fill(pl.template, v.v) END,
          CASE WHEN pl.reset = 'never' THEN NULL ELSE to_char(pl.p, 'YYYY-MM-DD') END
   FROM placed AS pl
   JOIN upserted AS up ON up.sequence = pl.name AND up.scope = pl.scope AND up.period = pl.p

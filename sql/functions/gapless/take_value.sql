@@ -12,10 +12,13 @@
 -- A plain function returning an array, not a set: `SELECT take_value($1, $2, $3)` plans in a
 -- fraction of what a statement around a set-returning function costs, and the function keeps
 -- its statements' plans. The locks are take()'s, in its order: the kind lock before the
--- definition is read, the counter's queue before the row. The period is computed in the
--- statement that reads the definition, before the queue, so the UPDATE finds the row by its key
--- alone. The caller's commit is made durable (synchronous_commit on): a number handed out must
--- not be handed out again after a crash.
+-- definition is read, the counter's queue before the row. The period, and the text's template
+-- (render_template(): all of the format but the number), are computed in the statement that
+-- reads the definition, before the queue, so the UPDATE finds the row by its key alone and only
+-- fills the number into the text (render_fill()): a taker holds the counter until it commits,
+-- and every other taker of a hot counter waits for what it does after the queue. The caller's
+-- commit is made durable (synchronous_commit on): a number handed out must not be handed out
+-- again after a crash.
 CREATE OR REPLACE FUNCTION {{schema}}.take_value(seq_name text, seq_scope text DEFAULT '', at timestamptz DEFAULT NULL)
 RETURNS text[]
 LANGUAGE plpgsql VOLATILE AS $$
@@ -25,9 +28,7 @@ DECLARE
   -- The last value the next one may follow without passing the maximum.
   seq_before_max bigint;
   seq_reset text;
-  seq_time_zone text;
-  seq_year_start integer;
-  seq_format text;
+  seq_template text[];
   seq_period date;
   queued boolean;
   issued text[];
@@ -42,10 +43,12 @@ BEGIN
   IF pg_advisory_xact_lock_shared(hashtext('{{schema_name}}.sequence_kind'), hashtext(seq_name)) IS NULL THEN
     NULL; -- a null name: no lock, and no sequence (take() says so)
   END IF;
-  SELECT d.kind, d.increment, d.max_value - d.increment, d.reset, d.time_zone, d.year_start, d.format,
-         {{schema}}.period_start(d.reset, d.year_start, coalesce(at, now()) AT TIME ZONE d.time_zone)
-    INTO seq_kind, seq_increment, seq_before_max, seq_reset, seq_time_zone, seq_year_start, seq_format, seq_period
-    FROM {{schema}}.sequences AS d WHERE d.name = seq_name;
+  SELECT d.kind, d.increment, d.max_value - d.increment, d.reset,
+         {{schema}}.period_start(d.reset, d.year_start, l.local_at),
+         CASE WHEN d.format IS NOT NULL THEN {{schema}}.render_template(d.format, seq_scope, l.local_at, d.year_start) END
+    INTO seq_kind, seq_increment, seq_before_max, seq_reset, seq_period, seq_template
+    FROM {{schema}}.sequences AS d CROSS JOIN LATERAL (SELECT coalesce(at, now()) AT TIME ZONE d.time_zone AS local_at) AS l
+   WHERE d.name = seq_name;
   IF seq_kind = 'gapless' THEN
     -- The counter's queue (above). A null scope: no lock, no row, and take() says why.
     queued := {{schema}}.queue_on_counter(seq_name, seq_scope, seq_period);
@@ -64,9 +67,8 @@ BEGIN
     END IF;
     SELECT ARRAY[t.value::text, t.text, t.period] INTO issued
       FROM {{schema}}.take(seq_name, seq_scope, coalesce(at, now()), 1) AS t;
-  ELSIF seq_format IS NOT NULL THEN
-    issued[2] := {{schema}}.render(seq_format, issued[1]::bigint, seq_scope,
-      coalesce(at, now()) AT TIME ZONE seq_time_zone, seq_year_start);
+  ELSIF seq_template IS NOT NULL THEN
+    issued[2] := {{schema}}.render_fill(seq_template, issued[1]::bigint);
   END IF;
   RETURN issued;
 END $$;

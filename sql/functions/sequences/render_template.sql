@@ -1,0 +1,54 @@
+-- Everything of a rendered format but its number (see render()): what is known before a value
+-- is taken, so that a taker renders it before it queues on the counter and, once the counter
+-- gives the value, only fills the number in (render_fill()) while the counter is held. The
+-- result alternates literal text and number tokens: {text, width, text, …, width, text}, an odd
+-- number of elements, where each width is that of an {n:W} ('1' for {n}, which renders the same)
+-- and each text holds the tokens and literals between two number tokens, already rendered. A
+-- null format has no template (render() gives the value as text).
+--
+-- The format is read in one pass, piece by piece (format_pieces()), and a token's output is
+-- never read again: a scope containing braces, or a number token's text, is never expanded. A
+-- token whose value is null (a null scope, date or fiscal year) renders as nothing. Date tokens
+-- show local_at, the local date of the call in the sequence's time zone; {IYYY} is the ISO
+-- week-numbering year that goes with {WW}; {FY} is the year in which the fiscal year containing
+-- local_at starts (year_start: its first month), {FYE} the year in which it ends (with
+-- year_start 1 both are the calendar year).
+--
+-- plpgsql, whose statements keep their plans for the session: a SQL function that cannot be
+-- inlined is parsed and planned again in every statement that calls it.
+CREATE OR REPLACE FUNCTION {{schema}}.render_template(fmt text, scope text, local_at timestamp, year_start integer)
+RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  parts text[] := ARRAY[''];
+  last integer := 1;
+  piece text;
+BEGIN
+  IF fmt IS NULL THEN
+    RETURN NULL;
+  END IF;
+  FOR piece IN SELECT p.piece FROM {{schema}}.format_pieces(fmt) AS p ORDER BY p.ord LOOP
+    IF piece = '{n}' THEN
+      parts := parts || ARRAY['1', ''];
+      last := last + 2;
+    ELSIF piece ~ '^\{n:([1-9]|1[0-9]|20)\}$' THEN
+      parts := parts || ARRAY[rtrim(substring(piece FROM 4), '}'), ''];
+      last := last + 2;
+    ELSE
+      parts[last] := parts[last] || coalesce(CASE
+          WHEN piece = '{YYYY}' THEN to_char(local_at, 'YYYY')
+          WHEN piece = '{YY}' THEN to_char(local_at, 'YY')
+          WHEN piece = '{MM}' THEN to_char(local_at, 'MM')
+          WHEN piece = '{DD}' THEN to_char(local_at, 'DD')
+          WHEN piece = '{WW}' THEN to_char(local_at, 'IW')
+          WHEN piece = '{IYYY}' THEN to_char(local_at, 'IYYY')
+          WHEN piece = '{FY}' THEN to_char(local_at - make_interval(months => year_start - 1), 'YYYY')
+          WHEN piece = '{FYE}' THEN
+            to_char(local_at - make_interval(months => year_start - 1) + make_interval(years => (year_start > 1)::integer), 'YYYY')
+          WHEN piece = '{scope}' THEN scope
+          ELSE piece
+        END, '');
+    END IF;
+  END LOOP;
+  RETURN parts;
+END $$;
