@@ -8,6 +8,7 @@ import {
   MAX_TIME_ZONE_LENGTH,
   MAX_TIMEOUT_MS,
   MAX_VALUE,
+  type NextOptions,
   type Ordo,
   sequenceNotFound,
 } from '../index.js';
@@ -188,19 +189,26 @@ export function sequenceRoutes(app: FastifyInstance, ordo: Ordo, metrics: Metric
       },
     },
     async (request) => {
-      const { scope, count, at } = request.body ?? {};
+      const body = request.body;
       const name = request.params.name;
       const key = request.headers['idempotency-key'];
-      const opts = {
-        ...(scope === undefined ? {} : { scope }),
-        ...(at === undefined ? {} : { at }),
-        ...(key === undefined ? {} : { idempotencyKey: key }),
-      };
-      const issued =
-        count === undefined
-          ? [await ordo.sequences.next(name, opts)]
-          : await ordo.sequences.nextMany(name, count, opts);
-      metrics.issued.inc({ sequence: name }, issued.length);
+      const opts: NextOptions = {};
+      if (body?.scope !== undefined) opts.scope = body.scope;
+      if (body?.at !== undefined) opts.at = body.at;
+      if (key !== undefined) opts.idempotencyKey = key;
+      if (body?.count === undefined) {
+        const one = await ordo.sequences.next(name, opts);
+        metrics.issued(name, 1);
+        return {
+          value: one.value,
+          values: [one.value],
+          text: one.text,
+          texts: [one.text],
+          period: one.period,
+        };
+      }
+      const issued = await ordo.sequences.nextMany(name, body.count, opts);
+      metrics.issued(name, issued.length);
       return {
         value: issued[0]!.value,
         values: issued.map((i) => i.value),
