@@ -1158,6 +1158,167 @@ describe('graceful shutdown', () => {
   });
 });
 
+describe('ordo serve --workers', () => {
+  /** The workers' pids, read from the primary's children (Linux). */
+  async function workerPids(primary: ServerProcess): Promise<number[]> {
+    const text = await readFile(`/proc/${primary.pid}/task/${primary.pid}/children`, 'utf8');
+    return text.trim().split(/\s+/).filter(Boolean).map(Number);
+  }
+
+  /** `n` requests at once on connections of their own, which the primary hands to its workers in turn. */
+  async function spread(base: string, n: number, path: string, call: Call = {}): Promise<Reply[]> {
+    const agent = newAgent();
+    try {
+      return await Promise.all(
+        Array.from({ length: n }, () => http(base, 'POST', path, { ...call, dispatcher: agent })),
+      );
+    } finally {
+      await agent.close();
+    }
+  }
+
+  it('serves from its workers on one port: batched values unique, gapless ones 1..n, tokens checked, one listening line', async () => {
+    const served = await startServer({
+      databaseUrl: db.url,
+      args: ['--workers', '2'],
+      env: { ORDO_TOKENS: TOKENS },
+    });
+    try {
+      expect(served.logs().filter((l) => l.msg === 'ordo is listening')).toEqual([
+        expect.objectContaining({ pid: served.pid, workers: 2, url: expect.any(String) }),
+      ]);
+      const workers = await workerPids(served);
+      expect(workers).toHaveLength(2);
+      const admin = { token: ADMIN };
+      expect(
+        (
+          await http(served.url, 'PUT', '/v1/sequences/w_ids', {
+            ...admin,
+            json: { kind: 'batched', batch: 10 },
+          })
+        ).status,
+      ).toBe(200);
+      expect((await http(served.url, 'PUT', '/v1/sequences/w_inv', { ...admin, json: {} })).status).toBe(200);
+
+      const batched = await spread(served.url, 40, '/v1/sequences/w_ids/next', { token: ISSUER, json: {} });
+      const gapless = await spread(served.url, 40, '/v1/sequences/w_inv/next', { token: ISSUER, json: {} });
+      for (const r of [...batched, ...gapless]) expect(r.status, r.text).toBe(200);
+      const ids = batched.map((r) => r.json.value as number);
+      expect(new Set(ids).size).toBe(40);
+      expect(gapless.map((r) => r.json.value as number).sort((a, b) => a - b)).toEqual(upTo(40));
+      expect(await counters('w_inv')).toEqual([{ scope: '', period: expect.any(String), value: 40 }]);
+
+      // Both workers answered, each with its own ranges; the primary answers nothing itself.
+      await until(
+        () =>
+          served.logs().filter((l) => l.msg === 'request' && l.url === '/v1/sequences/w_ids/next').length ===
+          40,
+      );
+      const answeredBy = new Set(
+        served
+          .logs()
+          .filter((l) => l.msg === 'request' && l.url === '/v1/sequences/w_ids/next')
+          .map((l) => l.pid),
+      );
+      expect([...answeredBy].sort()).toEqual([...workers].sort());
+
+      // Every worker checks tokens as one server does.
+      for (const r of await spread(served.url, 4, '/v1/sequences/w_ids/next', { json: {} }))
+        expectError(r, 'unauthorized');
+      for (const r of await spread(served.url, 4, '/v1/sequences/w_ids/next', { token: READER, json: {} }))
+        expectError(r, 'forbidden');
+    } finally {
+      expect(await served.stop()).toBe(0);
+    }
+  });
+
+  it('/metrics sums what every worker counted, and what is read from the database once', async () => {
+    const served = await startServer({ databaseUrl: db.url, args: ['--workers', '2'] });
+    const holder = await pool.connect();
+    try {
+      expect(
+        (await http(served.url, 'PUT', '/v1/sequences/w_metered', { json: { kind: 'batched', batch: 5 } }))
+          .status,
+      ).toBe(200);
+      expect((await http(served.url, 'PUT', '/v1/sequences/w_held', { json: {} })).status).toBe(200);
+      const route = { route: '/v1/sequences/:name/next', method: 'POST', status: '200' };
+      const before = sample((await api('GET', '/metrics')).text, 'ordo_http_requests_total', route) ?? 0;
+      const replies = await spread(served.url, 30, '/v1/sequences/w_metered/next', { json: { count: 2 } });
+      for (const r of replies) expect(r.status, r.text).toBe(200);
+      // A gapless counter held by an open transaction: read from the database once, not once per worker.
+      await holder.query(`SELECT ordo.nextval('w_held')`);
+      await holder.query('BEGIN');
+      await holder.query(`SELECT ordo.nextval('w_held')`);
+
+      const text = (await http(served.url, 'GET', '/metrics')).text;
+      expect(text).toContain('# TYPE ordo_http_requests_total counter');
+      expect(sample(text, 'ordo_http_requests_total', route)).toBe(30);
+      expect(sample(text, 'ordo_http_request_duration_seconds_count', route)).toBe(30);
+      expect(sample(text, 'ordo_http_request_duration_seconds_bucket', { ...route, le: '+Inf' })).toBe(30);
+      expect(sample(text, 'ordo_values_issued_total', { sequence: 'w_metered' })).toBe(60);
+      // 60 values from ranges of 5, taken by two nodes: at least twelve ranges reserved in all.
+      expect(sample(text, 'ordo_range_reservations_total', { sequence: 'w_metered' })).toBeGreaterThanOrEqual(
+        12,
+      );
+      expect(sample(text, 'ordo_gapless_counters_held', { sequence: 'w_held' })).toBe(1);
+      // The one-process server beside it counted none of these.
+      expect(sample((await api('GET', '/metrics')).text, 'ordo_http_requests_total', route) ?? 0).toBe(
+        before,
+      );
+    } finally {
+      await holder.query('ROLLBACK');
+      holder.release();
+      expect(await served.stop()).toBe(0);
+    }
+  });
+
+  it('SIGTERM: every worker answers its requests in flight and exits, then the primary exits 0', async () => {
+    const served = await startServer({ databaseUrl: db.url, args: ['--workers', '2'] });
+    const workers = await workerPids(served);
+    expect((await http(served.url, 'PUT', '/v1/sequences/w_drain', { json: {} })).status).toBe(200);
+    const tx = await pool.connect();
+    try {
+      // Our transaction holds the counter: requests wait behind it, in both workers.
+      await tx.query('BEGIN');
+      await tx.query(`SELECT ordo.nextval('w_drain')`);
+      const inFlight = spread(served.url, 8, '/v1/sequences/w_drain/next');
+      await until(async () => {
+        const { rows } = await pool.query(
+          `SELECT count(*)::int AS n FROM pg_stat_activity
+            WHERE datname = current_database() AND wait_event_type = 'Lock'`,
+        );
+        return rows[0].n >= 2;
+      });
+      served.child.kill('SIGTERM');
+      await until(() => served.logs().some((l) => l.msg === 'stopping: finishing requests in flight'));
+      await tx.query('COMMIT');
+      const answers = await inFlight;
+      for (const a of answers) expect(a.status, a.text).toBe(200);
+      expect(answers.map((a) => a.json.value as number).sort((a, b) => a - b)).toEqual(upTo(9).slice(1));
+      expect(await served.wait(15_000)).toBe(0);
+      for (const pid of workers) expect(alive(pid)).toBe(false);
+    } finally {
+      tx.release();
+    }
+  });
+
+  it('a worker that dies stops the others, and the primary exits 1 for its supervisor to start it again', async () => {
+    const served = await startServer({ databaseUrl: db.url, args: ['--workers', '2'] });
+    const [victim, other] = await workerPids(served);
+    process.kill(victim!, 'SIGKILL');
+    expect(await served.wait(15_000)).toBe(1);
+    expect(served.logs()).toContainEqual(
+      expect.objectContaining({
+        level: 50,
+        msg: 'a worker exited: stopping the others',
+        worker: victim,
+        signal: 'SIGKILL',
+      }),
+    );
+    expect(alive(other!)).toBe(false);
+  });
+});
+
 describe('CLI', () => {
   const COMMANDS = ['serve', 'sql', 'next', 'status', 'migrate', 'bench'] as const;
 
@@ -1184,6 +1345,7 @@ describe('CLI', () => {
     }
     expect(runs[0]!.out).toContain('--tokens-file FILE');
     expect(runs[0]!.out).toContain('--insecure');
+    expect(runs[0]!.out).toContain('--workers N');
     expect(runs[2]!.out).toContain('--count');
   });
 
@@ -1197,9 +1359,10 @@ describe('CLI', () => {
       [['next', 'x', '--count'], "ordo: Option '--count <value>' argument missing"],
       [['next'], 'ordo: ordo next takes one argument: the sequence name'],
       [['serve', '--insecure=yes'], /^ordo: Option '--insecure' does not take an argument/],
+      [['serve', '--workers', '0'], "ordo: --workers must be a whole number from 1 to 64 (got '0')"],
       [['frobnicate'], "ordo: unknown command 'frobnicate' (try ordo --help)"],
     ];
-    // Eight CLIs start at once on a small machine: the bound is for a hang, not for a slow start.
+    // Nine CLIs start at once on a small machine: the bound is for a hang, not for a slow start.
     const runs = await Promise.all(cases.map(([args]) => runCli(args, { env, timeoutMs: 40_000 })));
     for (const [i, [args, expected]] of cases.entries()) {
       const r = runs[i]!;

@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import cluster, { type Address, type Worker } from 'node:cluster';
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -19,7 +20,15 @@ import {
   type ThrottleState,
   toOrdoError,
 } from '../index.js';
-import { buildServer, parseTokens, readTokensFile, type Token } from '../server/app.js';
+import type { FastifyBaseLogger } from 'fastify';
+import {
+  answerWorkerScrapes,
+  buildServer,
+  parseTokens,
+  readTokensFile,
+  serverLogger,
+  type Token,
+} from '../server/app.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
 type Flags = Record<string, string | boolean | undefined>;
@@ -60,7 +69,9 @@ const COMMANDS: Record<string, Command> = {
   --tokens-file FILE   bearer tokens, one 'token:scope+scope' a line (default: ORDO_TOKENS)
   --insecure           allow listening beyond loopback without tokens
   --request-timeout D  a request must arrive whole within D (default 10s; headers within half)
-  --max-connections N  most open client connections (default: the open-files limit less 256)
+  --max-connections N  most open client connections (default: the open-files limit less 256; per worker)
+  --workers N          serves from N processes (node:cluster, 1 to 64, default 1), each with its own
+                       pool and its own ranges of batched sequences; /metrics sums them all
   --relays FILE        runs the relays of a JSON file (an array of relay options) beside the API
                        (default: ORDO_RELAYS); on SIGTERM they finish what is in flight`,
     options: {
@@ -71,9 +82,11 @@ const COMMANDS: Record<string, Command> = {
       insecure: { type: 'boolean' },
       'request-timeout': { type: 'string' },
       'max-connections': { type: 'string' },
+      workers: { type: 'string' },
     },
     check(flags) {
       port(flags.port);
+      workersFrom(flags);
       serverLimits(flags);
       tokensFrom(flags);
       relaysFrom(flags.relays as string | undefined);
@@ -85,44 +98,49 @@ const COMMANDS: Record<string, Command> = {
       }
     },
     async run(ordo, _args, flags) {
+      if (workersFrom(flags) > 1 && cluster.isPrimary) return serveWorkers(ordo, flags, workersFrom(flags));
+      // A worker of serveWorkers() serves; its primary says what the server is and does.
+      const worker = cluster.isWorker;
       const app = await buildServer(ordo, {
         tokens: tokensFrom(flags),
         logger: { level: 'info' },
         ...serverLimits(flags),
+        worker,
       });
       log.current = (entry) =>
         entry.level === 'warn'
           ? app.log.warn({ code: entry.code }, entry.message)
           : app.log.info({ code: entry.code }, entry.message);
-      app.log.info(
-        { database: ordo.database, server: ordo.server() },
-        describeDatabase(ordo.database, ordo.server()),
-      );
+      if (!worker) {
+        app.log.info(
+          { database: ordo.database, server: ordo.server() },
+          describeDatabase(ordo.database, ordo.server()),
+        );
+      }
       const host = (flags.host as string | undefined) ?? '127.0.0.1';
       await app.listen({ port: port(flags.port), host });
       const address = app.server.address();
-      const where = typeof address === 'object' && address ? `${host}:${address.port}` : host;
-      app.log.info({ url: `http://${where}` }, 'ordo is listening');
-      if (!loopback(host) && tokensFrom(flags).length === 0) {
-        app.log.warn(
-          { host },
-          `--insecure: every route, /v1/query included, is open to anyone who can reach ${host}; set ORDO_TOKENS or --tokens-file`,
-        );
+      if (!worker) {
+        const where = typeof address === 'object' && address ? `${host}:${address.port}` : host;
+        app.log.info({ url: `http://${where}` }, 'ordo is listening');
+        warnIfInsecure(app.log, host, flags);
       }
       // Finds out now, not at the first subscription, whether notifications arrive (a pooler).
       void ordo.notifications().catch(() => undefined);
       // Heard from now on: a SIGTERM while the relays start stops them once started.
       const stopping = stopSignal();
-      const relays = await startRelays(ordo, relaysFrom(flags.relays as string | undefined), (m) =>
-        app.log.info(m),
-      );
+      const relays = worker
+        ? []
+        : await startRelays(ordo, relaysFrom(flags.relays as string | undefined), (m) => app.log.info(m));
       const signal = await stopping;
-      app.log.info({ signal }, 'stopping: finishing requests in flight');
+      if (!worker) app.log.info({ signal }, 'stopping: finishing requests in flight');
       if (relays.length > 0)
         app.log.info({ relays: relays.length }, 'stopping: finishing the relays in flight');
       // No new connections; requests in flight are answered (each answered number was committed),
       // and each relay's batches in flight are confirmed or handed back.
       await Promise.all([app.close(), ...relays.map((r) => r.stop())]);
+      // A worker's channel to its primary would keep it alive.
+      cluster.worker?.disconnect();
       return 0;
     },
   },
@@ -673,9 +691,24 @@ async function startRelays(
   return started;
 }
 
-/** Resolves with the first SIGINT or SIGTERM. */
+/** What the primary of `ordo serve --workers` sends a worker to stop it, with the signal it got. */
+const STOP = 'ordo:stop';
+
+/** In a worker, its primary's stop, heard from the start: it may come before the server listens. */
+const primaryStop =
+  cluster.isWorker &&
+  new Promise<NodeJS.Signals>((resolve) => {
+    const told = (m: { type?: string; signal?: NodeJS.Signals }) => {
+      if (m?.type !== STOP) return;
+      process.removeListener('message', told);
+      resolve(m.signal ?? 'SIGTERM');
+    };
+    process.on('message', told);
+  });
+
+/** Resolves with the first SIGINT or SIGTERM (in a worker, or its primary's stop). */
 function stopSignal(): Promise<NodeJS.Signals> {
-  return new Promise((resolve) => {
+  const signalled = new Promise<NodeJS.Signals>((resolve) => {
     const stop = (signal: NodeJS.Signals) => {
       process.removeListener('SIGINT', stop);
       process.removeListener('SIGTERM', stop);
@@ -684,4 +717,110 @@ function stopSignal(): Promise<NodeJS.Signals> {
     process.on('SIGINT', stop);
     process.on('SIGTERM', stop);
   });
+  return primaryStop ? Promise.race([signalled, primaryStop]) : signalled;
+}
+
+function warnIfInsecure(logger: FastifyBaseLogger, host: string, flags: Flags): void {
+  if (!loopback(host) && tokensFrom(flags).length === 0) {
+    logger.warn(
+      { host },
+      `--insecure: every route, /v1/query included, is open to anyone who can reach ${host}; set ORDO_TOKENS or --tokens-file`,
+    );
+  }
+}
+
+function workersFrom(flags: Flags): number {
+  const value = flags.workers as string | undefined;
+  if (value === undefined) return 1;
+  if (!/^\d+$/.test(value) || Number(value) < 1 || Number(value) > 64) {
+    throw usage(`--workers must be a whole number from 1 to 64 (got '${value}')`);
+  }
+  return Number(value);
+}
+
+interface WorkerExit {
+  worker: Worker;
+  code: number | null;
+  signal: string | null;
+}
+
+/**
+ * `ordo serve --workers N`: this process (the primary) forks N workers that serve on one port
+ * (node:cluster hands each connection to one of them), each with an ordo of its own: its own
+ * pool, and its own ranges of batched sequences, as any node has. The primary holds the
+ * database (the embedded PostgreSQL lives as long as it does), runs the relays, sums the
+ * workers' metrics, and logs what the server does. A worker that exits unasked stops the
+ * others and the primary exits 1, for whatever supervises it to start the whole again; on
+ * SIGINT or SIGTERM every worker answers the requests it has in flight, then all exit 0.
+ */
+async function serveWorkers(ordo: Ordo, flags: Flags, count: number): Promise<number> {
+  const logger = serverLogger({ level: 'info' });
+  log.current = (entry) =>
+    entry.level === 'warn'
+      ? logger.warn({ code: entry.code }, entry.message)
+      : logger.info({ code: entry.code }, entry.message);
+  logger.info(
+    { database: ordo.database, server: ordo.server() },
+    describeDatabase(ordo.database, ordo.server()),
+  );
+  answerWorkerScrapes(ordo);
+  const stopping = stopSignal();
+  // The workers use the database this process opened (the embedded one's URL changes at each start).
+  const url = ordo.connectionUrl();
+  const workers = Array.from({ length: count }, () => cluster.fork(url ? { ORDO_DATABASE_URL: url } : {}));
+  const exits = workers.map(
+    (worker) =>
+      new Promise<WorkerExit>((resolve) =>
+        worker.once('exit', (code, signal) => resolve({ worker, code, signal })),
+      ),
+  );
+  const listening = Promise.all(
+    workers.map((w) => new Promise<Address>((resolve) => w.once('listening', resolve))),
+  );
+  let stopped = false;
+  const stopAll = async (signal: NodeJS.Signals) => {
+    stopped = true;
+    for (const w of workers) {
+      if (w.isConnected()) w.send({ type: STOP, signal }, () => undefined);
+    }
+    return Promise.all(exits);
+  };
+  const said = (e: WorkerExit) => ({ worker: e.worker.process.pid, code: e.code, signal: e.signal });
+  let relays: Relay[] = [];
+  try {
+    const start = await Promise.race([
+      listening.then((addresses) => ({ listening: addresses[0]! })),
+      Promise.race(exits).then((exit) => ({ exit })),
+      stopping.then((signal) => ({ signal })),
+    ]);
+    if ('exit' in start) {
+      logger.error(said(start.exit), 'a worker exited before listening: stopping the others');
+      await stopAll('SIGTERM');
+      return 1;
+    }
+    if ('listening' in start) {
+      const host = (flags.host as string | undefined) ?? '127.0.0.1';
+      logger.info({ url: `http://${host}:${start.listening.port}`, workers: count }, 'ordo is listening');
+      warnIfInsecure(logger, host, flags);
+      void ordo.notifications().catch(() => undefined);
+      relays = await startRelays(ordo, relaysFrom(flags.relays as string | undefined), (m) => logger.info(m));
+    }
+    const end = await Promise.race([
+      'signal' in start ? start : stopping.then((signal) => ({ signal })),
+      Promise.race(exits).then((exit) => ({ exit })),
+    ]);
+    if ('exit' in end) logger.error(said(end.exit), 'a worker exited: stopping the others');
+    else logger.info({ signal: end.signal }, 'stopping: finishing requests in flight');
+    if (relays.length > 0) logger.info({ relays: relays.length }, 'stopping: finishing the relays in flight');
+    const [ended] = await Promise.all([
+      stopAll('signal' in end ? end.signal : 'SIGTERM'),
+      ...relays.map((r) => r.stop()),
+    ]);
+    const failed = ended.filter((e) => e.code !== 0);
+    for (const e of failed)
+      if (e !== ('exit' in end ? end.exit : undefined)) logger.error(said(e), 'a worker failed to stop');
+    return 'exit' in end || failed.length > 0 ? 1 : 0;
+  } finally {
+    if (!stopped) await stopAll('SIGTERM');
+  }
 }

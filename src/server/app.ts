@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { STATUS_CODES } from 'node:http';
 import swagger from '@fastify/swagger';
 import Fastify, {
+  type FastifyBaseLogger,
   type FastifyError,
   type FastifyInstance,
   type FastifyReply,
@@ -10,6 +11,7 @@ import Fastify, {
 } from 'fastify';
 import { ERROR_CODES, type Ordo, OrdoError, type OrdoErrorCode, toOrdoError } from '../index.js';
 import { authenticate, type Scope, type Token } from './auth.js';
+import { answerScrapes, workerScrape } from './cluster.js';
 import { dashboardRoutes } from './dashboard-routes.js';
 import { createMetrics } from './metrics.js';
 import { outboxRoutes } from './outbox-routes.js';
@@ -32,6 +34,24 @@ export interface ServerOptions {
   maxConnections?: number;
   /** A request must arrive whole within this (default 10 s); its headers within 5 s. */
   requestTimeoutMs?: number;
+  /**
+   * This server is one of the workers of `ordo serve --workers` (node:cluster): /metrics answers
+   * for every worker, asked of the primary (see answerWorkerScrapes).
+   */
+  worker?: boolean;
+}
+
+/**
+ * In the primary of `ordo serve --workers`: answers the workers' scrapes with their samples
+ * summed, and the metrics read from the database, read here once for all of them.
+ */
+export function answerWorkerScrapes(ordo: Ordo): void {
+  answerScrapes(createMetrics(ordo, 'database').registry);
+}
+
+/** The logger of a process that serves through its workers: pino with the servers' own settings. */
+export function serverLogger(options: { level: string }): FastifyBaseLogger {
+  return Fastify({ logger: options }).log;
 }
 
 /**
@@ -90,7 +110,8 @@ const FASTIFY_CODES: Record<string, OrdoErrorCode> = {
 /** The HTTP surface of one Ordo client. Routes call the client; they never issue SQL. */
 export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Promise<FastifyInstance> {
   const tokens = options.tokens ?? [];
-  const metrics = createMetrics(ordo);
+  const metrics = createMetrics(ordo, options.worker ? 'process' : 'both');
+  const scrape = options.worker ? workerScrape(metrics.registry) : () => metrics.registry.metrics();
   const app = Fastify({
     logger: options.logger ?? false,
     // One line per request, written by the onResponse hook below, instead of Fastify's two.
@@ -250,7 +271,7 @@ export async function buildServer(ordo: Ordo, options: ServerOptions = {}): Prom
 
   app.get('/metrics', { config: { scope: 'read' }, schema: { hide: true } }, async (_request, reply) => {
     reply.type(metrics.registry.contentType);
-    return metrics.registry.metrics();
+    return scrape();
   });
 
   app.get('/openapi.json', { config: { scope: 'read' }, schema: { hide: true } }, async () => app.swagger());

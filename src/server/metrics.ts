@@ -4,16 +4,26 @@ import type { CounterHolder, Ordo, SubscriptionLag } from '../index.js';
 /** Latency buckets of HTTP requests, in seconds. */
 const LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5];
 
+/**
+ * Which metrics a registry holds: what this process counts (requests, values issued, ranges
+ * reserved, throttle decisions, appends), what it reads from the database at each scrape (held
+ * counters, running permits, lag), or both. The workers of `ordo serve --workers` count, and the
+ * primary reads the database once for them all.
+ */
+export type MetricParts = 'both' | 'process' | 'database';
+
 /** Prometheus metrics of one server, in a registry of its own (never the global one). */
-export function createMetrics(ordo: Ordo) {
+export function createMetrics(ordo: Ordo, parts: MetricParts = 'both') {
   const registry = new Registry();
-  const requests = new RequestCounts(registry);
+  const counted = parts !== 'database';
+  const read = parts !== 'process';
+  const requests = new RequestCounts(counted ? [registry] : []);
   const issuedBySequence = new Map<string, number>();
   new Counter({
     name: 'ordo_values_issued_total',
     help: 'Sequence values issued through this server, by sequence',
     labelNames: ['sequence'],
-    registers: [registry],
+    registers: counted ? [registry] : [],
     collect() {
       this.reset();
       for (const [sequence, n] of issuedBySequence) this.inc({ sequence }, n);
@@ -23,11 +33,12 @@ export function createMetrics(ordo: Ordo) {
     name: 'ordo_errors_total',
     help: 'Errors answered, by code',
     labelNames: ['code'],
-    registers: [registry],
+    registers: counted ? [registry] : [],
   });
-  sequenceMetrics(ordo, registry);
-  outboxMetrics(ordo, registry);
-  throttleMetrics(ordo, registry);
+  const which = { counted, read };
+  sequenceMetrics(ordo, registry, which);
+  outboxMetrics(ordo, registry, which);
+  throttleMetrics(ordo, registry, which);
   return {
     registry,
     /** A request answered: its route pattern ('unmatched' without one), method, status and seconds taken. */
@@ -38,6 +49,12 @@ export function createMetrics(ordo: Ordo) {
     },
     errors,
   };
+}
+
+/** Which of a subject's metrics a registry holds (see MetricParts). */
+interface Which {
+  counted: boolean;
+  read: boolean;
 }
 
 /** One route, method and status: its requests and their latency. */
@@ -59,13 +76,13 @@ class RequestCounts {
   /** By route, then method, then status: the route and method strings are the same objects at every request, so each lookup is a cached hash. */
   private readonly slots = new Map<string, Map<string, Map<number, RequestSlot>>>();
 
-  constructor(registry: Registry) {
+  constructor(registers: Registry[]) {
     const all = () => this.all();
     new Counter({
       name: 'ordo_http_requests_total',
       help: 'HTTP requests by route, method and status',
       labelNames: ['route', 'method', 'status'],
-      registers: [registry],
+      registers,
       collect() {
         this.reset();
         for (const s of all()) this.inc(s.labels, s.count);
@@ -89,7 +106,7 @@ class RequestCounts {
       }),
       reset: () => undefined,
     };
-    registry.registerMetric(latency as unknown as Histogram);
+    for (const registry of registers) registry.registerMetric(latency as unknown as Histogram);
   }
 
   record(route: string, method: string, status: number, seconds: number): void {
@@ -188,25 +205,28 @@ function rowGauge<R>(
   });
 }
 
-function sequenceMetrics(ordo: Ordo, registry: Registry): void {
-  new Counter({
-    name: 'ordo_range_reservations_total',
-    help: 'Ranges of batched sequences reserved by this node, by sequence',
-    labelNames: ['sequence'],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const [sequence, n] of ordo.sequences.reservations) this.inc({ sequence }, n);
-    },
-  });
-  const reservationLatency = new Histogram({
-    name: 'ordo_range_reservation_duration_seconds',
-    help: 'How long reserving a range of a batched sequence took on this node (the statement), by sequence',
-    labelNames: ['sequence'],
-    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
-    registers: [registry],
-  });
-  ordo.sequences.onReservation((sequence, ms) => reservationLatency.observe({ sequence }, ms / 1000));
+function sequenceMetrics(ordo: Ordo, registry: Registry, which: Which): void {
+  if (which.counted) {
+    new Counter({
+      name: 'ordo_range_reservations_total',
+      help: 'Ranges of batched sequences reserved by this node, by sequence',
+      labelNames: ['sequence'],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const [sequence, n] of ordo.sequences.reservations) this.inc({ sequence }, n);
+      },
+    });
+    const reservationLatency = new Histogram({
+      name: 'ordo_range_reservation_duration_seconds',
+      help: 'How long reserving a range of a batched sequence took on this node (the statement), by sequence',
+      labelNames: ['sequence'],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
+      registers: [registry],
+    });
+    ordo.sequences.onReservation((sequence, ms) => reservationLatency.observe({ sequence }, ms / 1000));
+  }
+  if (!which.read) return;
   // Gapless counters locked by open transactions (the in-transaction mode), read at each scrape.
   const holders = perScrape(() => ordo.sequences.holders());
   const bySequence = { label: 'sequence', rows: holders, labelOf: (h: CounterHolder) => h.sequence };
@@ -235,42 +255,45 @@ function sequenceMetrics(ordo: Ordo, registry: Registry): void {
  * Throttles: what this server decided and ended (its own counters, as every process counts its
  * own), and the running permits of every process, read from the database at each scrape.
  */
-function throttleMetrics(ordo: Ordo, registry: Registry): void {
-  new Counter({
-    name: 'ordo_throttle_granted_total',
-    help: 'Starts granted through this server, by throttle',
-    labelNames: ['throttle'],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const [throttle, c] of ordo.throttles.counters) this.inc({ throttle }, c.granted);
-    },
-  });
-  new Counter({
-    name: 'ordo_throttle_refused_total',
-    help: 'Starts refused through this server, by throttle and reason',
-    labelNames: ['throttle', 'reason'],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const [throttle, c] of ordo.throttles.counters)
-        for (const [reason, n] of Object.entries(c.refused)) this.inc({ throttle, reason }, n);
-    },
-  });
-  new Counter({
-    name: 'ordo_throttle_ended_total',
-    help: 'Permits ended through this server, by throttle and outcome (completed, failed; refunded is the part of failed given back)',
-    labelNames: ['throttle', 'outcome'],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const [throttle, c] of ordo.throttles.counters) {
-        this.inc({ throttle, outcome: 'completed' }, c.completed);
-        this.inc({ throttle, outcome: 'failed' }, c.failed);
-        this.inc({ throttle, outcome: 'refunded' }, c.refunded);
-      }
-    },
-  });
+function throttleMetrics(ordo: Ordo, registry: Registry, which: Which): void {
+  if (which.counted) {
+    new Counter({
+      name: 'ordo_throttle_granted_total',
+      help: 'Starts granted through this server, by throttle',
+      labelNames: ['throttle'],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const [throttle, c] of ordo.throttles.counters) this.inc({ throttle }, c.granted);
+      },
+    });
+    new Counter({
+      name: 'ordo_throttle_refused_total',
+      help: 'Starts refused through this server, by throttle and reason',
+      labelNames: ['throttle', 'reason'],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const [throttle, c] of ordo.throttles.counters)
+          for (const [reason, n] of Object.entries(c.refused)) this.inc({ throttle, reason }, n);
+      },
+    });
+    new Counter({
+      name: 'ordo_throttle_ended_total',
+      help: 'Permits ended through this server, by throttle and outcome (completed, failed; refunded is the part of failed given back)',
+      labelNames: ['throttle', 'outcome'],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const [throttle, c] of ordo.throttles.counters) {
+          this.inc({ throttle, outcome: 'completed' }, c.completed);
+          this.inc({ throttle, outcome: 'failed' }, c.failed);
+          this.inc({ throttle, outcome: 'refunded' }, c.refunded);
+        }
+      },
+    });
+  }
+  if (!which.read) return;
   rowGauge(registry, {
     name: 'ordo_throttle_running_permits',
     help: 'Live permits of every process, by throttle',
@@ -289,17 +312,20 @@ export type Metrics = ReturnType<typeof createMetrics>;
  * The outbox as the database sees it, read at each scrape (so every consumer counts, in any
  * process or language): per subscription and partition. Appends are counted by this server.
  */
-function outboxMetrics(ordo: Ordo, registry: Registry): void {
-  new Counter({
-    name: 'ordo_outbox_appended_total',
-    help: 'Messages appended through this server, by topic',
-    labelNames: ['topic'],
-    registers: [registry],
-    collect() {
-      this.reset();
-      for (const [topic, n] of ordo.outbox.appended) this.inc({ topic }, n);
-    },
-  });
+function outboxMetrics(ordo: Ordo, registry: Registry, which: Which): void {
+  if (which.counted) {
+    new Counter({
+      name: 'ordo_outbox_appended_total',
+      help: 'Messages appended through this server, by topic',
+      labelNames: ['topic'],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const [topic, n] of ordo.outbox.appended) this.inc({ topic }, n);
+      },
+    });
+  }
+  if (!which.read) return;
   const lags: () => Promise<SubscriptionLag[]> = perScrape(() => ordo.outbox.subscriptions());
   /** A metric per subscription and partition, read from the database at each scrape. */
   const perPartition = (

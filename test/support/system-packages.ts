@@ -1,5 +1,6 @@
-// What the tests run for real from Debian's packages, beside Node and PostgreSQL: installed by
-// the test set-up when missing, so that `npm test` alone works on a fresh machine.
+// What the tests (and a benchmark) run for real from Debian's packages, beside Node and
+// PostgreSQL: installed by the test set-up when missing, so that `npm test` alone works on a
+// fresh machine; `npm run bench -- http` installs its own the same way.
 import { execFileSync } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
 import { join } from 'node:path';
@@ -55,6 +56,11 @@ export const SYSTEM_PROGRAMS: SystemProgram[] = [
     usedBy: 'failover pairs (test/support/failover-pair.ts)',
     loaded: true,
   },
+  {
+    path: process.env.WRK ?? '/usr/bin/wrk',
+    debianPackage: 'wrk',
+    usedBy: 'the HTTP load of bench/http.ts',
+  },
 ];
 
 function installed(p: SystemProgram): boolean {
@@ -67,11 +73,16 @@ function installed(p: SystemProgram): boolean {
 }
 
 /**
- * Installs the missing programs with apt-get, quietly and once, when running as root; otherwise
- * throws one line naming the command to run.
+ * Installs the missing programs (those of the Debian packages named, or all) with apt-get,
+ * quietly and once, when running as root; otherwise throws one line naming the command to run.
  */
-export function ensureSystemPrograms(log: (line: string) => void = () => undefined): void {
-  const missing = SYSTEM_PROGRAMS.filter((p) => !installed(p));
+export function ensureSystemPrograms(
+  log: (line: string) => void = () => undefined,
+  debianPackages?: readonly string[],
+): void {
+  const missing = SYSTEM_PROGRAMS.filter(
+    (p) => (debianPackages === undefined || debianPackages.includes(p.debianPackage)) && !installed(p),
+  );
   if (missing.length === 0) return;
   const packages = [...new Set(missing.map((p) => p.debianPackage))];
   const command = `apt-get update && apt-get install -y ${packages.join(' ')}`;
