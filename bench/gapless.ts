@@ -17,8 +17,10 @@ import {
 /**
  * Gapless numbering under contention. (a)–(c) take an invoice number and insert the invoice
  * in one transaction, with the same workers and the same insert; (d) compares standalone
- * calls coalesced by ordo with one autocommitted statement per call. Every scenario checks
- * afterwards that the numbers it produced are exactly 1..n per key (and period).
+ * calls coalesced by ordo with one autocommitted statement per call; (e)–(g) number business
+ * transactions at commit (bare, and per tenant with a text), in the transaction, or not at all.
+ * Every scenario checks afterwards that the numbers it produced are exactly 1..n per key (and
+ * period), and (e′) its texts.
  */
 
 const TX_WORKERS = 16;
@@ -26,6 +28,11 @@ const TX_WORKERS = 16;
 const WORK_WORKERS = 32;
 const WORK_MS = [5, 20] as const;
 const AT_COMMIT = 'bench_at_commit';
+/** (e′)'s sequence: an invoice number per tenant and year, with its text. */
+const AT_COMMIT_TEXT = 'bench_at_commit_text';
+const TEXT_FORMAT = 'INV-{YYYY}-{n:5}';
+/** (e′)'s one tenant: every transaction on the same counter, as (e)'s. */
+const TENANT = 'acme';
 const IN_TX = 'bench_in_tx';
 const CALLERS = 64;
 const KEY_COUNT = 64;
@@ -36,6 +43,9 @@ const DAILY_PREPARED = 'bench_invoice_prepared';
 /** The business table of (e)–(g): a row per transaction, its number null until numbered. */
 export const workTable = (name: string) =>
   `CREATE TABLE ${name} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, number bigint, payload text NOT NULL);`;
+/** (e′)'s invoice table: (e)'s, with the tenant that scopes the number and the number's text. */
+const INVOICE_WORK_TABLE = `CREATE TABLE bench_work_t (LIKE bench_work_e INCLUDING ALL);
+  ALTER TABLE bench_work_t ADD COLUMN tenant text NOT NULL, ADD COLUMN number_text text;`;
 
 /** (b)'s counters, and its hand-written take: bench/take-cpu.ts and bench/instructions.ts run them too. */
 export const COUNTERS_DDL = `CREATE TABLE bench_counters (
@@ -151,6 +161,7 @@ async function run(ctx: BenchContext): Promise<Table[]> {
     for (const name of [DAILY, DAILY_PREPARED]) await ordo.sequences.define({ name, reset: 'day' });
     for (const name of Object.values(STANDALONE)) await ordo.sequences.define({ name });
     for (const name of [AT_COMMIT, IN_TX]) await ordo.sequences.define({ name });
+    await ordo.sequences.define({ name: AT_COMMIT_TEXT, reset: 'year', format: TEXT_FORMAT });
     await admin.query(`
       CREATE TABLE bench_invoices (
         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -166,8 +177,15 @@ async function run(ctx: BenchContext): Promise<Table[]> {
         scope text NOT NULL, day date NOT NULL, value bigint NOT NULL, UNIQUE (scope, day));
       ${workTable('bench_work_e')}
       CREATE TABLE bench_work_f (LIKE bench_work_e INCLUDING ALL);
-      CREATE TABLE bench_work_g (LIKE bench_work_e INCLUDING ALL);`);
+      CREATE TABLE bench_work_g (LIKE bench_work_e INCLUDING ALL);
+      ${INVOICE_WORK_TABLE}`);
     await ordo.sequences.attach(AT_COMMIT, { table: 'bench_work_e', column: 'number' });
+    await ordo.sequences.attach(AT_COMMIT_TEXT, {
+      table: 'bench_work_t',
+      column: 'number',
+      scopeColumn: 'tenant',
+      textColumn: 'number_text',
+    });
 
     const rows: (Row | null)[] = [];
     const goals: string[][] = [];
@@ -181,8 +199,8 @@ async function run(ctx: BenchContext): Promise<Table[]> {
     const workRows: (Row | null)[] = [];
     const workGoals: string[][] = [];
     for (const ms of WORK_MS) {
-      const [e, f, g] = await withWork(ctx, admin, ordo, ms);
-      workRows.push(e, f, g, null);
+      const [e, t, f, g] = await withWork(ctx, admin, ordo, ms);
+      workRows.push(e, t, f, g, null);
       const at = `${ms} ms of work`;
       const ratio = (x: Row, y: Row) => x.load.opsPerSecond / y.load.opsPerSecond;
       // The goals are set at 20 ms of work; at 5 ms the commits themselves (one WAL flush each,
@@ -190,9 +208,11 @@ async function run(ctx: BenchContext): Promise<Table[]> {
       if (ms === 20) {
         workGoals.push(workGoal('(e) ≥ 20 × (f)', at, ratio(e, f), 20));
         workGoals.push(workGoal('(e) ≥ 0.8 × (g)', at, ratio(e, g), 0.8));
+        workGoals.push(workGoal('(e′) ≥ 0.9 × (g)', at, ratio(t, g), 0.9));
       } else {
         workGoals.push(workGoal('(e) ÷ (f)', at, ratio(e, f), 0));
         workGoals.push(workGoal('(e) ÷ (g)', at, ratio(e, g), 0));
+        workGoals.push(workGoal('(e′) ÷ (g)', at, ratio(t, g), 0));
       }
     }
     for (const keys of [HOT, MANY]) {
@@ -223,8 +243,10 @@ async function run(ctx: BenchContext): Promise<Table[]> {
         notes: [
           'one op = BEGIN; INSERT the invoice; other work (a sleep in the application, the transaction open); COMMIT.',
           '(e): the invoice table numbered by ordo.sequences.attach(): the number is written as the transaction commits.',
+          `(e′): the same, attached with scopeColumn and textColumn: a number per tenant and year (one tenant) and its text ${TEXT_FORMAT}.`,
           '(f): ordo.sequences.next({ tx }) first, then the insert with the number: the counter stays locked until COMMIT.',
-          '(g): the same insert with no number: the limit. verified: committed numbers exactly 1..n, n = the counter.',
+          '(g): the same insert with no number: the limit. verified: committed numbers exactly 1..n (per tenant and year),',
+          '  n = the counter; (e′) also each text, the number padded in the year of its counter.',
         ],
       },
       {
@@ -271,32 +293,39 @@ function workGoal(text: string, work: string, ratio: number, min: number): strin
   ];
 }
 
-/** (e), (f) and (g): business transactions doing `workMs` of other work, alternating. */
+/** (e), (e′), (f) and (g): business transactions doing `workMs` of other work, alternating. */
 async function withWork(
   ctx: BenchContext,
   admin: pg.Pool,
   ordo: Ordo,
   workMs: number,
-): Promise<[Row, Row, Row]> {
-  await admin.query('TRUNCATE bench_work_e, bench_work_f, bench_work_g, ordo.counters');
+): Promise<[Row, Row, Row, Row]> {
+  await admin.query('TRUNCATE bench_work_e, bench_work_t, bench_work_f, bench_work_g, ordo.counters');
   await admin.query('CHECKPOINT').catch(() => undefined);
   const pool = await openPool(ctx.url, WORK_WORKERS, 'ordo-bench');
   const clients = await Promise.all(Array.from({ length: WORK_WORKERS }, () => pool.connect()));
   for (const c of clients) c.on('error', () => undefined);
   const counted = clients.map((c) => countQueries(c));
   const statements = () => counted.reduce((n, c) => n + c.count, 0);
-  const scenario = (id: 'e' | 'f' | 'g') => ({
+  const scenario = (id: 'e' | 't' | 'f' | 'g') => ({
     workers: WORK_WORKERS,
     statements,
     op: async (w: number) => {
       const client = clients[w]!;
       await client.query('BEGIN');
       try {
-        const number = id === 'f' ? (await ordo.sequences.next(IN_TX, { tx: client })).value : null;
-        await client.query(`INSERT INTO bench_work_${id} (number, payload) VALUES ($1, $2)`, [
-          number,
-          PAYLOAD,
-        ]);
+        if (id === 't') {
+          await client.query('INSERT INTO bench_work_t (tenant, number, payload) VALUES ($1, NULL, $2)', [
+            TENANT,
+            PAYLOAD,
+          ]);
+        } else {
+          const number = id === 'f' ? (await ordo.sequences.next(IN_TX, { tx: client })).value : null;
+          await client.query(`INSERT INTO bench_work_${id} (number, payload) VALUES ($1, $2)`, [
+            number,
+            PAYLOAD,
+          ]);
+        }
         await sleep(workMs);
         await client.query('COMMIT');
       } catch (e) {
@@ -306,34 +335,63 @@ async function withWork(
     },
   });
   try {
-    const measured = await interleave({ e: scenario('e'), f: scenario('f'), g: scenario('g') }, ctx);
+    const measured = await interleave(
+      { e: scenario('e'), t: scenario('t'), f: scenario('f'), g: scenario('g') },
+      ctx,
+    );
     const labels = {
       e: '(e) at commit: sequences.attach()',
+      t: '(e′) the same, per tenant, with its text',
       f: '(f) in the transaction: next({ tx })',
       g: '(g) no number (limit)',
     };
-    const row = async (id: 'e' | 'f' | 'g', sequence: string | null): Promise<Row> => {
+    const counters = (sequence: string) =>
+      `SELECT scope, period::text AS day, value FROM ordo.counters WHERE sequence = '${sequence}'`;
+    const verified = (id: 'e' | 't' | 'f' | 'g'): Promise<Verified> => {
+      if (id === 'g') return verifyCount(admin, 'bench_work_g');
+      if (id === 't') return verifyTexts(admin, counters(AT_COMMIT_TEXT));
+      return verifyCommitted(
+        admin,
+        `(SELECT '' AS scope, '-infinity'::date AS day, number FROM bench_work_${id}) AS w`,
+        counters(id === 'e' ? AT_COMMIT : IN_TX),
+      );
+    };
+    const row = async (id: 'e' | 't' | 'f' | 'g'): Promise<Row> => {
       const load = measured[id].result();
       return logged(ctx, {
         label: labels[id],
         keys: `${workMs} ms`,
         load,
         statements: `${fmt.fixed(load.statements / load.total, 2)} / txn`,
-        verified:
-          sequence === null
-            ? await verifyCount(admin, `bench_work_${id}`)
-            : await verifyCommitted(
-                admin,
-                `(SELECT '' AS scope, '-infinity'::date AS day, number FROM bench_work_${id}) AS w`,
-                `SELECT scope, period::text AS day, value FROM ordo.counters WHERE sequence = '${sequence}'`,
-              ),
+        verified: await verified(id),
       });
     };
-    return [await row('e', AT_COMMIT), await row('f', IN_TX), await row('g', null)];
+    return [await row('e'), await row('t'), await row('f'), await row('g')];
   } finally {
     for (const c of clients) c.release();
     await pool.end();
   }
+}
+
+/**
+ * (e′)'s invoices: per tenant and year, the numbers are exactly 1..n, n being the stored counter
+ * (the year read from the text: a text in the wrong year matches no counter), and every text is
+ * INV-<year>-<number padded to 5 digits>.
+ */
+async function verifyTexts(admin: pg.Pool, countersQuery: string): Promise<Verified> {
+  const year = `CASE WHEN number_text ~ '^INV-[0-9]{4}-' THEN make_date(substr(number_text, 5, 4)::integer, 1, 1) END`;
+  const numbers = await verifyCommitted(
+    admin,
+    `(SELECT tenant AS scope, ${year} AS day, number FROM bench_work_t) AS w`,
+    countersQuery,
+  );
+  const { rows } = await admin.query(
+    `SELECT count(*)::int AS wrong FROM bench_work_t
+      WHERE number_text IS DISTINCT FROM 'INV-' || to_char(${year}, 'YYYY') || '-' || lpad(number::text, 5, '0')`,
+  );
+  const wrong = rows[0].wrong as number;
+  if (wrong > 0) return { ok: false, text: `✗ ${fmt.int(wrong)} texts wrong; ${numbers.text}` };
+  return numbers.ok ? { ok: true, text: `${numbers.text} and their texts` } : numbers;
 }
 
 async function verifyCount(admin: pg.Pool, table: string): Promise<Verified> {

@@ -52,12 +52,24 @@ BEGIN
   IF seq_kind = 'gapless' THEN
     -- The counter's queue (above). A null scope: no lock, no row, and take() says why.
     queued := {{schema}}.queue_on_counter(seq_name, seq_scope, seq_period);
-    UPDATE {{schema}}.counters AS c
-       SET previous = c.value, value = c.value + seq_increment, updated_at = now()
-     WHERE c.sequence = seq_name AND c.scope = seq_scope AND c.period = seq_period AND c.value <= seq_before_max
-    RETURNING ARRAY[c.value::text, c.value::text,
-      CASE WHEN seq_reset = 'never' THEN NULL ELSE to_char(c.period, 'YYYY-MM-DD') END]
-    INTO issued;
+    IF seq_template IS NULL THEN
+      UPDATE {{schema}}.counters AS c
+         SET previous = c.value, value = c.value + seq_increment, updated_at = now()
+       WHERE c.sequence = seq_name AND c.scope = seq_scope AND c.period = seq_period AND c.value <= seq_before_max
+      RETURNING ARRAY[c.value::text, c.value::text,
+        CASE WHEN seq_reset = 'never' THEN NULL ELSE to_char(c.period, 'YYYY-MM-DD') END]
+      INTO issued;
+    ELSE
+      -- The same UPDATE, with the number filled into the text as it returns (render_fill(),
+      -- inlined): an expression is prepared in every transaction that runs its statement, so the
+      -- fill has a statement of its own, and numbers without a text do not prepare it.
+      UPDATE {{schema}}.counters AS c
+         SET previous = c.value, value = c.value + seq_increment, updated_at = now()
+       WHERE c.sequence = seq_name AND c.scope = seq_scope AND c.period = seq_period AND c.value <= seq_before_max
+      RETURNING ARRAY[c.value::text, {{schema}}.render_fill(seq_template, c.value),
+        CASE WHEN seq_reset = 'never' THEN NULL ELSE to_char(c.period, 'YYYY-MM-DD') END]
+      INTO issued;
+    END IF;
   END IF;
   IF issued IS NULL THEN
     IF queued AND pg_current_xact_id_if_assigned() IS NOT NULL THEN
@@ -67,8 +79,6 @@ BEGIN
     END IF;
     SELECT ARRAY[t.value::text, t.text, t.period] INTO issued
       FROM {{schema}}.take(seq_name, seq_scope, coalesce(at, now()), 1) AS t;
-  ELSIF seq_template IS NOT NULL THEN
-    issued[2] := {{schema}}.render_fill(seq_template, issued[1]::bigint);
   END IF;
   RETURN issued;
 END $$;

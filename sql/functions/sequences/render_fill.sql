@@ -4,20 +4,17 @@
 -- for the value, so it is all that a taker does while it holds the counter.
 --
 -- One expression of plain SQL, which PostgreSQL inlines into the statement calling it when its
--- arguments are plain values (a variable, a column), so that filling in costs no call and no
--- plan of its own: the common template, with one number token, in place; one with more tokens
--- fills its first and passes the rest to itself (a call, planned when made).
+-- arguments are plain values (a variable, a column): filling in then costs no call and no plan
+-- of its own, only the expression, which PostgreSQL prepares again in every transaction, so it
+-- is kept short. The first number token is filled in place; a template with more passes the
+-- rest to this function again (a call, made only for such a template).
 CREATE OR REPLACE FUNCTION {{schema}}.render_fill(template text[], v bigint)
 RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-  SELECT CASE
-    WHEN cardinality(template) = 3 THEN
+  SELECT CASE WHEN cardinality(template) > 1 THEN
       template[1]
       || coalesce(CASE WHEN v < 0 THEN '-' ELSE '' END
                   || lpad(ltrim(v::text, '-'), greatest(length(ltrim(v::text, '-')), template[2]::integer), '0'), '')
-      || template[3]
-    WHEN cardinality(template) > 3 THEN
-      {{schema}}.render_fill(ARRAY[{{schema}}.render_fill(template[1:3], v)] || template[4:], v)
-    ELSE template[1]
-  END
+      || CASE WHEN cardinality(template) = 3 THEN template[3] ELSE {{schema}}.render_fill(template[3:], v) END
+    ELSE template[1] END
 $$;

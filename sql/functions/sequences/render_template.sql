@@ -35,16 +35,14 @@ BEGIN
       parts := parts || ARRAY[rtrim(substring(piece FROM 4), '}'), ''];
       last := last + 2;
     ELSE
+      -- Date tokens in one to_char() (each token names its pattern, {WW} as IW): the expression
+      -- is prepared again in every transaction, at a cost that grows with its calls.
       parts[last] := parts[last] || coalesce(CASE
-          WHEN piece = '{YYYY}' THEN to_char(local_at, 'YYYY')
-          WHEN piece = '{YY}' THEN to_char(local_at, 'YY')
-          WHEN piece = '{MM}' THEN to_char(local_at, 'MM')
-          WHEN piece = '{DD}' THEN to_char(local_at, 'DD')
-          WHEN piece = '{WW}' THEN to_char(local_at, 'IW')
-          WHEN piece = '{IYYY}' THEN to_char(local_at, 'IYYY')
-          WHEN piece = '{FY}' THEN to_char(local_at - make_interval(months => year_start - 1), 'YYYY')
-          WHEN piece = '{FYE}' THEN
-            to_char(local_at - make_interval(months => year_start - 1) + make_interval(years => (year_start > 1)::integer), 'YYYY')
+          WHEN piece IN ('{YYYY}', '{YY}', '{MM}', '{DD}', '{WW}', '{IYYY}') THEN
+            to_char(local_at, replace(btrim(piece, '{}'), 'WW', 'IW'))
+          WHEN piece IN ('{FY}', '{FYE}') THEN
+            to_char(local_at - make_interval(months => year_start - 1)
+                    + make_interval(years => (piece = '{FYE}' AND year_start > 1)::integer), 'YYYY')
           WHEN piece = '{scope}' THEN scope
           ELSE piece
         END, '');
