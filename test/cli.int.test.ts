@@ -1,8 +1,8 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrdo, type Ordo } from '../src/index.js';
 import { freshDatabase, type TestDatabase } from './support/database.js';
 import { runCliSync } from './support/server-process.js';
+import { until } from './support/until.js';
 
 let db: TestDatabase;
 let ordo: Ordo;
@@ -104,8 +104,11 @@ describe('ordo CLI', () => {
     const waiting = ordo.throttles
       .acquire('BAR', { key: 'busy', wait: '1m', signal: waiter.signal })
       .catch(() => null);
-    for (let i = 0; i < 200 && (await ordo.throttles.state('BAR', 'busy')).waiting === 0; i++)
-      await sleep(20);
+    await until(
+      'the waiter is in line',
+      async () => (await ordo.throttles.state('BAR', 'busy')).waiting > 0,
+      30_000,
+    );
     try {
       const json = cli('status', '--json');
       expect(json.code).toBe(0);
