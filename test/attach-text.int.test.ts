@@ -7,7 +7,7 @@
 import fc from 'fast-check';
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { Ordo, ResetPeriod } from '../src/index.js';
+import { FORMAT_TOKENS, type Ordo, type ResetPeriod } from '../src/index.js';
 import { type OrdoDatabase, ordoDatabase } from './support/database.js';
 
 let t: OrdoDatabase;
@@ -120,21 +120,8 @@ const pairs = ({ issued, rendered }: { issued: Issued[]; rendered: string[] }) =
 });
 
 describe('the text written at commit is what render() gives', () => {
-  const token = fc.constantFrom(
-    '{YYYY}',
-    '{YY}',
-    '{MM}',
-    '{DD}',
-    '{WW}',
-    '{IYYY}',
-    '{FY}',
-    '{FYE}',
-    '{scope}',
-    '{n}',
-    '{n:1}',
-    '{n:5}',
-    '{n:20}',
-  );
+  // Every token of the grammar, {n:W} at its narrowest, a middle and its widest width.
+  const token = fc.constantFrom(...FORMAT_TOKENS.filter((t) => t !== '{n:W}'), '{n:1}', '{n:5}', '{n:20}');
   const literal = fc.string({
     unit: fc.constantFrom('A', '-', '/', ' ', 'é', '%', '_', '\\', "'", 'n', ':', '$', '1'),
     maxLength: 4,
